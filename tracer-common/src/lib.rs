@@ -1,0 +1,12 @@
+//! Records shared by the eBPF programs and the collector.
+//!
+//! Every record in the ring buffer starts with a [`Header`] whose `kind` says which payload
+//! follows. Kind ids are stable: a trace file written today must decode tomorrow, so ids are
+//! never reused and payload structs only grow at their end.
+#![no_std]
+
+pub mod offsets;
+pub mod records;
+
+pub use offsets::KernelOffsets;
+pub use records::*;

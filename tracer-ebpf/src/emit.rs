@@ -1,0 +1,65 @@
+//! The ring buffer, the drop counter and the tracked-process set shared by all programs.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{Header, Payload, Record};
+
+/// Resized by user space before load (`--ring-size`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Records that did not fit in `EVENTS`, per CPU, at index 0.
+#[map]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Thread groups that received a fatal signal and are not reaped yet: their thread exits,
+/// signal deliveries and SIGCHLD to the parent are recorded. Value: unused.
+#[map]
+pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+pub fn is_tracked(tgid: u32) -> bool {
+    // SAFETY: the value is a plain byte we never hold a reference to beyond this call.
+    unsafe { TRACKED.get(tgid).is_some() }
+}
+
+pub fn current_ids() -> (u32, u32) {
+    let id = bpf_get_current_pid_tgid();
+    ((id >> 32) as u32, id as u32)
+}
+
+/// Reserves a record, fills the header, lets `fill` write the payload and submits it. A full
+/// ring buffer counts a drop instead.
+#[inline(always)]
+pub fn emit<T: Payload>(fill: impl FnOnce(&mut T)) {
+    let Some(mut entry) = EVENTS.reserve::<Record<T>>(0) else {
+        count_drop();
+        return;
+    };
+    let (pid, tid) = current_ids();
+    // SAFETY: the reservation is exactly size_of::<Record<T>>() bytes; every field of the header
+    // is written, and `fill` writes every payload field after we zero it.
+    unsafe {
+        let rec = entry.as_mut_ptr();
+        core::ptr::write_bytes(rec, 0, 1);
+        (*rec).header = Header {
+            kind: T::KIND as u16,
+            size: core::mem::size_of::<Record<T>>() as u16,
+            cpu: bpf_get_smp_processor_id(),
+            ts_ns: bpf_ktime_get_boot_ns(),
+            pid,
+            tid,
+        };
+        fill(&mut (*rec).payload);
+    }
+    entry.submit(0);
+}
+
+fn count_drop() {
+    if let Some(n) = DROPS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while we run.
+        unsafe { *n += 1 };
+    }
+}

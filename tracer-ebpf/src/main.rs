@@ -1,0 +1,20 @@
+//! linger's kernel side: signal, process and benchmark programs feeding one ring buffer.
+#![no_std]
+#![no_main]
+
+mod bench;
+mod doctor;
+mod emit;
+mod process;
+mod signal;
+mod task;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,104 @@
+//! Process life cycle: fork, exec, every thread's exit, and the reap.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_comm,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use tracer_common::{ProcessExec, ProcessFork, Reap, ReapHow, TaskExit};
+
+use crate::{
+    emit::{emit, is_tracked, TRACKED},
+    task::Task,
+};
+
+/// tp_btf sched_process_fork(struct task_struct *parent, struct task_struct *child).
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
+    let child = Task(ctx.arg::<*const u8>(1));
+    let child_pid = child.tgid();
+    // A new thread joins its creator's group; only new processes are recorded.
+    if child_pid != child.pid() {
+        return 0;
+    }
+    emit::<ProcessFork>(|e| {
+        e.child_pid = child_pid;
+        e.comm = child.comm();
+    });
+    0
+}
+
+/// tp_btf sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm).
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn process_exec(ctx: BtfTracePointContext) -> i32 {
+    let task = Task(ctx.arg::<*const u8>(0));
+    emit::<ProcessExec>(|e| e.comm = task.comm());
+    0
+}
+
+fn task_exit(task: Task, group_dead: bool) {
+    // Every process's last thread is recorded (it keeps the process table right); other
+    // threads only for processes under a fatal signal.
+    if !group_dead && !is_tracked(task.tgid()) {
+        return;
+    }
+    emit::<TaskExit>(|e| {
+        e.exit_code = task.exit_code();
+        e.group_dead = group_dead as u32;
+        e.comm = task.comm();
+    });
+}
+
+/// tp_btf sched_process_exit(struct task_struct *p, bool group_dead) on kernels that pass
+/// group_dead (6.16+).
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn task_exit_group_dead(ctx: BtfTracePointContext) -> i32 {
+    let task = Task(ctx.arg::<*const u8>(0));
+    let group_dead: u8 = ctx.arg(1);
+    task_exit(task, group_dead != 0);
+    0
+}
+
+/// tp_btf sched_process_exit(struct task_struct *p) on older kernels: it fires after the
+/// thread left `signal->live`, so a zero count means this is the last one.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn task_exit_legacy(ctx: BtfTracePointContext) -> i32 {
+    let task = Task(ctx.arg::<*const u8>(0));
+    task_exit(task, task.live_threads() == 0);
+    0
+}
+
+/// Tracepoint syscalls/sys_exit_wait4: ret@16 is the reaped pid.
+#[tracepoint(category = "syscalls", name = "sys_exit_wait4")]
+pub fn wait4_exit(ctx: TracePointContext) -> i32 {
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    if ret <= 0 || !is_tracked(ret as u32) {
+        return 0;
+    }
+    reaped(ret as u32, ReapHow::Wait);
+    0
+}
+
+/// tp_btf sched_process_free(struct task_struct *p): the leader's task is gone for good.
+#[btf_tracepoint(function = "sched_process_free")]
+pub fn process_free(ctx: BtfTracePointContext) -> i32 {
+    let task = Task(ctx.arg::<*const u8>(0));
+    let pid = task.pid();
+    if pid != task.tgid() || !is_tracked(pid) {
+        return 0;
+    }
+    reaped(pid, ReapHow::Freed);
+    0
+}
+
+fn reaped(pid: u32, how: ReapHow) {
+    if how == ReapHow::Freed {
+        let _ = TRACKED.remove(pid);
+    }
+    emit::<Reap>(|e| {
+        e.reaped_pid = pid;
+        e.how = how as u32;
+        e.comm = bpf_get_current_comm().unwrap_or_default();
+    });
+}

@@ -1,0 +1,101 @@
+//! Signal generation and delivery.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_task,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use tracer_common::{SignalDeliver, SignalGenerate};
+
+use crate::{
+    emit::{current_ids, emit, is_tracked, TRACKED},
+    task::Task,
+};
+
+const SIGCHLD: u32 = 17;
+const SI_USER: i32 = 0;
+const SI_KERNEL: i32 = 0x80;
+
+/// Bit n set: signal n opens an incident. Set by user space.
+#[unsafe(no_mangle)]
+static FATAL_SIGNALS: u64 = 0;
+
+fn is_fatal(sig: u32) -> bool {
+    // SAFETY: read-only global filled before load.
+    let mask = unsafe { core::ptr::read_volatile(&FATAL_SIGNALS) };
+    sig < 64 && mask & (1u64 << sig) != 0
+}
+
+/// `si_code` as the kernel's own tracepoint reports it: the two special `info` values stand for
+/// a signal from user space without info and a privileged kernel signal.
+fn si_code(info: *const u8) -> i32 {
+    match info as usize {
+        0 => SI_USER,
+        1 => SI_KERNEL,
+        // SAFETY: checked read; si_code sits after si_signo and si_errno in kernel_siginfo.
+        _ => unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(info.add(8) as *const i32) }
+            .unwrap_or(SI_USER),
+    }
+}
+
+/// tp_btf signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task,
+/// int group, int result).
+#[btf_tracepoint(function = "signal_generate")]
+pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
+    let sig: i32 = ctx.arg(0);
+    let sig = sig as u32;
+    let (sender_pid, _) = current_ids();
+    let fatal = is_fatal(sig);
+    // SIGCHLD matters only when a tracked process tells its parent it is a zombie.
+    if !fatal && !(sig == SIGCHLD && is_tracked(sender_pid)) {
+        return 0;
+    }
+    let info: *const u8 = ctx.arg(1);
+    let target = Task(ctx.arg::<*const u8>(2));
+    let group: i32 = ctx.arg(3);
+    let result: i32 = ctx.arg(4);
+    let target_pid = target.tgid();
+    if fatal {
+        let _ = TRACKED.insert(target_pid, 0, 0);
+    }
+    // SAFETY: bpf_get_current_task returns the running task, valid for this program's run.
+    let sender = Task(unsafe { bpf_get_current_task() } as *const u8);
+    emit::<SignalGenerate>(|e| {
+        e.sig = sig;
+        e.code = si_code(info);
+        e.result = result;
+        e.group = group as u32;
+        e.target_pid = target_pid;
+        e.target_tid = target.pid();
+        e.target_threads = target.nr_threads();
+        e.sender_comm = sender.group_leader().comm();
+        e.target_comm = target.group_leader().comm();
+    });
+    0
+}
+
+/// Tracepoint signal/signal_deliver: format offsets (after the 8-byte common header):
+/// sig@8, errno@12, code@16, sa_handler@24, sa_flags@32.
+#[tracepoint(category = "signal", name = "signal_deliver")]
+pub fn signal_deliver(ctx: TracePointContext) -> i32 {
+    let (pid, _) = current_ids();
+    if !is_tracked(pid) {
+        return 0;
+    }
+    // SAFETY: offsets of the stable signal_deliver format.
+    let (sig, code, handler, sa_flags) = unsafe {
+        (
+            ctx.read_at::<i32>(8).unwrap_or(0),
+            ctx.read_at::<i32>(16).unwrap_or(0),
+            ctx.read_at::<u64>(24).unwrap_or(0),
+            ctx.read_at::<u64>(32).unwrap_or(0),
+        )
+    };
+    emit::<SignalDeliver>(|e| {
+        e.sig = sig as u32;
+        e.code = code;
+        e.handler = handler;
+        e.sa_flags = sa_flags;
+    });
+    0
+}

@@ -1,0 +1,61 @@
+//! `linger demo`: a self-contained kill, traced, on any machine.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context};
+use nix::{sys::signal::Signal, unistd::Pid};
+
+use super::live;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Threads of the child to kill.
+    #[arg(long, default_value_t = 4)]
+    threads: u32,
+    /// Print the incident as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut live_args = live::Args {
+        duration: Some(Duration::from_secs(10)),
+        json: args.json,
+        pids: Vec::new(),
+        comms: Vec::new(),
+        signals: vec![9],
+        count: Some(1),
+        survive_after: Duration::from_secs(1),
+        ring_size: 1 << 20,
+    };
+    // Attach first, so the child's whole life is seen.
+    let probes = live::load(&live_args)?;
+    let exe = std::env::current_exe().context("finding linger's own executable")?;
+    let mut child = Command::new(exe)
+        .args(["__target", "--threads", &args.threads.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the demo child")?;
+    let pid = child.id();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().context("child stdout")?).read_line(&mut ready)?;
+    if !ready.starts_with("ready") {
+        bail!("the demo child did not start: {ready:?}");
+    }
+    eprintln!(
+        "linger demo: started child {pid} with {} threads; sending SIGKILL",
+        args.threads
+    );
+    nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
+    child.wait()?;
+    live_args.pids = vec![pid];
+    let incidents = live::trace(probes, &live_args, &mut std::io::stdout().lock())?;
+    if incidents.is_empty() {
+        bail!("no incident seen for the demo child {pid}");
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! `linger live`: trace fatal signals until stopped.
+
+use std::{io::Write, ops::ControlFlow, time::Duration};
+
+use anyhow::Context;
+use serde_json::json;
+use tracer_user::{
+    analysis::{signals, Correlator, CorrelatorConfig, Incident},
+    clock::WallAnchor,
+    event::EventData,
+    probe::{load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
+    sink::{json, text},
+    source::{collect, kernel::KernelSource},
+};
+
+use super::duration;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Stop after this long (500ms, 10s, 2m); default: until Ctrl-C.
+    #[arg(long, value_parser = duration::parse)]
+    pub duration: Option<Duration>,
+    /// One JSON object per incident (schema: docs/incident-json.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Only incidents of this target pid (repeatable).
+    #[arg(long = "pid")]
+    pub pids: Vec<u32>,
+    /// Only incidents of targets with this command name (repeatable).
+    #[arg(long = "comm")]
+    pub comms: Vec<String>,
+    /// Signals that open an incident (repeatable; 9, KILL or SIGKILL). Default: HUP INT QUIT ILL
+    /// ABRT BUS FPE KILL SEGV TERM.
+    #[arg(long = "signal", value_parser = parse_signal)]
+    pub signals: Vec<u32>,
+    /// Stop after this many incidents.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// A process still alive this long after a catchable signal survived it.
+    #[arg(long, value_parser = duration::parse, default_value = "1s")]
+    pub survive_after: Duration,
+    /// Kernel ring buffer size in bytes (a power of two, at least 4096).
+    #[arg(long, default_value_t = 1 << 22, value_parser = parse_ring_size)]
+    pub ring_size: u32,
+}
+
+fn parse_signal(s: &str) -> Result<u32, String> {
+    signals::parse(s).ok_or_else(|| format!("'{s}' is not a signal (try 9, KILL or SIGTERM)"))
+}
+
+fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a byte count"))?;
+    if n < 4096 || !n.is_power_of_two() {
+        return Err(format!("{n} must be a power of two of at least 4096"));
+    }
+    Ok(n)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let probes = load(&args)?;
+    eprintln!("linger: tracing fatal signals (Ctrl-C to stop)");
+    trace(probes, &args, &mut std::io::stdout().lock()).map(|_| ())
+}
+
+pub fn load(args: &Args) -> anyhow::Result<Probes> {
+    let fatal_signals = if args.signals.is_empty() {
+        DEFAULT_FATAL_SIGNALS.to_vec()
+    } else {
+        args.signals.iter().map(|&s| s as i32).collect()
+    };
+    Ok(Probes::load(&ProbeConfig {
+        ring_size: args.ring_size,
+        fatal_signals,
+        bench_pid: None,
+    })?)
+}
+
+/// Runs the live pipeline over loaded probes, writing incidents to `out`; returns them.
+pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Result<Vec<Incident>> {
+    let anchor = WallAnchor::now();
+    let mut correlator = Correlator::new(CorrelatorConfig {
+        pids: args.pids.clone(),
+        comms: args.comms.clone(),
+        survive_after_ns: args.survive_after.as_nanos() as u64,
+        ..Default::default()
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let mut all = Vec::new();
+    let mut closed = Vec::new();
+    let mut failure = None;
+    let source = runtime.block_on(async {
+        let source = KernelSource::new(probes)?;
+        let source = collect::run(source, args.duration, |event| {
+            if let EventData::Loss { count } = event.data {
+                if let Err(e) = report_loss(out, args.json, event.ts_ns, count) {
+                    failure = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+            correlator.on_event(event, &mut closed);
+            emit(out, args, &anchor, &mut closed, &mut all, &mut failure)
+        })
+        .await?;
+        anyhow::Ok(source)
+    })?;
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    if args.count.is_none_or(|n| all.len() < n) {
+        correlator.finish(&mut closed);
+        let _ = emit(out, args, &anchor, &mut closed, &mut all, &mut failure);
+    }
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    if source.drops_total() > 0 {
+        eprintln!(
+            "linger: the kernel dropped {} record(s) because the ring buffer was full; \
+             incidents may be incomplete (raise --ring-size)",
+            source.drops_total()
+        );
+    }
+    Ok(all)
+}
+
+fn emit(
+    out: &mut impl Write,
+    args: &Args,
+    anchor: &WallAnchor,
+    closed: &mut Vec<Incident>,
+    all: &mut Vec<Incident>,
+    failure: &mut Option<std::io::Error>,
+) -> ControlFlow<()> {
+    for inc in closed.drain(..) {
+        let written = if args.json {
+            json::write_line(out, &inc)
+        } else {
+            out.write_all(text::render(&inc, anchor).as_bytes())
+                .and_then(|()| out.flush())
+        };
+        if let Err(e) = written {
+            *failure = Some(e);
+            return ControlFlow::Break(());
+        }
+        all.push(inc);
+        if args.count.is_some_and(|n| all.len() >= n) {
+            return ControlFlow::Break(());
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+fn report_loss(out: &mut impl Write, as_json: bool, ts_ns: u64, count: u64) -> std::io::Result<()> {
+    if as_json {
+        json::write_line(out, &json!({"type": "loss", "t_ns": ts_ns, "count": count}))
+    } else {
+        eprintln!("linger: the kernel dropped {count} record(s): ring buffer full");
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! Command-line interface: one file per command.
+
+mod demo;
+mod doctor;
+mod duration;
+mod live;
+mod target;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracer_user::error::Error;
+
+#[derive(Parser)]
+#[command(
+    name = "linger",
+    version,
+    about = "Why is a killed process's GPU memory still in use, and for how long?"
+)]
+struct Cli {
+    /// More diagnostics on stderr (-v: debug, including the eBPF programs' own log; -vv: trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trace fatal signals live and print one incident per killed process.
+    Live(live::Args),
+    /// Try every eBPF hook type and the GPU stack; say what this machine allows.
+    Doctor(doctor::Args),
+    /// Start a multi-threaded child, SIGKILL it and print the incident.
+    Demo(demo::Args),
+    /// A process for demo and tests to kill (not for users).
+    #[command(name = "__target", hide = true)]
+    Target(target::Args),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Live(args) => live::run(args),
+        Command::Doctor(args) => doctor::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Target(args) => target::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("linger: {e:#}");
+            if is_permission(&e) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn is_permission(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| matches!(c.downcast_ref::<Error>(), Some(Error::Permission(_))))
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
+        .format_timestamp_millis()
+        .init();
+}

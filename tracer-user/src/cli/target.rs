@@ -1,0 +1,56 @@
+//! `linger __target`: a multi-threaded process that waits to be signalled.
+
+use std::{
+    io::Write,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::Duration,
+};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum OnTerm {
+    /// Leave SIGTERM's default action (the process dies).
+    Default,
+    /// Handle SIGTERM and carry on.
+    Survive,
+    /// Handle SIGTERM and exit(0) from the main thread.
+    Exit,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Threads in total, the main one included.
+    #[arg(long, default_value_t = 4)]
+    threads: u32,
+    #[arg(long, value_enum, default_value_t = OnTerm::Default)]
+    on_term: OnTerm,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let term = Arc::new(AtomicBool::new(false));
+    if !matches!(args.on_term, OnTerm::Default) {
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&term))?;
+    }
+    for _ in 1..args.threads.max(1) {
+        thread::spawn(|| loop {
+            thread::park();
+        });
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready {}", std::process::id())?;
+    out.flush()?;
+    drop(out);
+    loop {
+        thread::sleep(Duration::from_millis(5));
+        if term.swap(false, Ordering::Relaxed) {
+            match args.on_term {
+                OnTerm::Exit => return Ok(()),
+                OnTerm::Survive => println!("survived SIGTERM"),
+                OnTerm::Default => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Errors of the library; the binary wraps them with anyhow.
+
+use thiserror::Error;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("linger needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN): {0}")]
+    Permission(String),
+    #[error("reading kernel BTF: {0}")]
+    Btf(String),
+    #[error("tracefs: {0}")]
+    Tracefs(String),
+    #[error("loading eBPF programs: {0}")]
+    Load(String),
+    #[error("attaching {program}: {reason}")]
+    Attach { program: String, reason: String },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,12 @@
+//! linger: why is a killed process's GPU memory still in use, and for how long.
+//!
+//! Sources (kernel ring buffer, later NVML and trace files) produce one [`event::Event`]
+//! stream; [`analysis`] turns it into incidents; [`sink`] renders them.
+
+pub mod analysis;
+pub mod clock;
+pub mod error;
+pub mod event;
+pub mod probe;
+pub mod sink;
+pub mod source;

@@ -1,0 +1,245 @@
+//! What this machine allows: each eBPF hook type tried for real, plus the GPU side.
+
+use std::{fs, path::Path};
+
+use aya::{
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        uprobe::UProbeScope,
+        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
+    },
+    Btf, Ebpf, EbpfLoader,
+};
+use serde::Serialize;
+
+use super::EBPF_OBJECT;
+
+#[derive(Debug, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    /// What was seen: a version or path when ok, the kernel's answer and what it means when not.
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    #[serde(rename = "type")]
+    pub record_type: &'static str,
+    pub kernel: String,
+    pub hooks: Vec<Check>,
+    pub gpu: Vec<Check>,
+    /// How linger will watch driver teardown on this machine.
+    pub strategy: String,
+}
+
+impl Report {
+    pub fn hook_ok(&self, name: &str) -> bool {
+        self.hooks.iter().any(|c| c.name == name && c.ok)
+    }
+}
+
+pub fn run() -> Report {
+    let mut hooks = Vec::new();
+    let btf = Btf::from_sys_fs();
+    hooks.push(Check {
+        name: "btf",
+        ok: btf.is_ok(),
+        detail: match &btf {
+            Ok(_) => "/sys/kernel/btf/vmlinux".into(),
+            Err(e) => format!("{e}: tp_btf and fentry need kernel BTF (CONFIG_DEBUG_INFO_BTF)"),
+        },
+    });
+    match load_object() {
+        Ok(mut ebpf) => {
+            let btf = btf.ok();
+            for name in ["tracepoint", "tp_btf", "raw_tracepoint", "perf_event", "uprobe", "fentry", "kprobe"] {
+                let result = try_hook(&mut ebpf, name, btf.as_ref());
+                hooks.push(Check {
+                    name,
+                    ok: result.is_ok(),
+                    detail: result.map_or_else(|e| explain(name, &e), |()| "loaded and attached".into()),
+                });
+            }
+        }
+        Err(e) => hooks.push(Check {
+            name: "bpf",
+            ok: false,
+            detail: format!("loading the eBPF object failed: {e}"),
+        }),
+    }
+    let gpu = vec![driver_check(), nvml_check()];
+    let driver_hooks = ["fentry", "kprobe"]
+        .into_iter()
+        .filter(|h| hooks.iter().any(|c| c.name == *h && c.ok))
+        .collect::<Vec<_>>();
+    let strategy = if driver_hooks.is_empty() {
+        "tracepoints + tp_btf; driver teardown seen through stack sampling only (this kernel \
+         allows neither fentry nor kprobes)"
+            .to_string()
+    } else {
+        format!(
+            "tracepoints + tp_btf; driver teardown timed exactly through {}",
+            driver_hooks.join(" / ")
+        )
+    };
+    Report {
+        record_type: "doctor",
+        kernel: kernel_line(),
+        hooks,
+        gpu,
+        strategy,
+    }
+}
+
+fn load_object() -> Result<Ebpf, String> {
+    // The doctor only loads its own empty programs; a one-page ring keeps the maps small.
+    EbpfLoader::new()
+        .map_max_entries("EVENTS", 4096)
+        .load(EBPF_OBJECT)
+        .map_err(|e| e.to_string())
+}
+
+fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), String> {
+    let program = ebpf
+        .program_mut(&format!("doctor_{name}"))
+        .ok_or_else(|| format!("doctor_{name} missing from the object"))?;
+    let e = |e: aya::programs::ProgramError| error_chain(&e);
+    let need_btf = || btf.ok_or_else(|| "no kernel BTF".to_string());
+    match name {
+        "tracepoint" => {
+            let p: &mut TracePoint = program.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach("sched", "sched_process_exit").map_err(e)?;
+        }
+        "tp_btf" => {
+            let p: &mut BtfTracePoint = program.try_into().map_err(e)?;
+            p.load("sched_process_exit", need_btf()?).map_err(e)?;
+            p.attach().map_err(e)?;
+        }
+        "raw_tracepoint" => {
+            let p: &mut RawTracePoint = program.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach("sched_process_exit").map_err(e)?;
+        }
+        "perf_event" => {
+            let p: &mut PerfEvent = program.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu: 0 },
+                SamplePolicy::Frequency(1),
+                false,
+            )
+            .map_err(e)?;
+        }
+        "uprobe" => {
+            let p: &mut UProbe = program.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach("getpid", "libc", UProbeScope::AllProcesses).map_err(e)?;
+        }
+        "fentry" => {
+            let p: &mut FEntry = program.try_into().map_err(e)?;
+            p.load("do_exit", need_btf()?).map_err(e)?;
+            p.attach().map_err(e)?;
+        }
+        "kprobe" => {
+            let p: &mut KProbe = program.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach("do_exit", 0).map_err(e)?;
+        }
+        other => return Err(format!("unknown hook type {other}")),
+    }
+    Ok(())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
+}
+
+/// The kernel's answer plus what it means for the user.
+fn explain(name: &str, error: &str) -> String {
+    let meaning = if name == "kprobe" && !Path::new("/sys/bus/event_source/devices/kprobe").exists()
+    {
+        "kernel built without CONFIG_KPROBES (no kprobe PMU)"
+    } else if error.contains("Operation not permitted") {
+        "the kernel refused the program (EPERM): lockdown or a security module forbids this type"
+    } else if error.contains("No such file or directory") {
+        "the attach point does not exist on this kernel"
+    } else {
+        "unavailable"
+    };
+    format!("{meaning} [{error}]")
+}
+
+fn kernel_line() -> String {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let lockdown = fs::read_to_string("/sys/kernel/security/lockdown")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .find(|w| w.starts_with('['))
+                .map(|w| w.trim_matches(['[', ']']).to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    format!("{} (lockdown: {lockdown})", release.trim())
+}
+
+fn driver_check() -> Check {
+    match fs::read_to_string("/proc/driver/nvidia/version") {
+        Ok(v) => Check {
+            name: "nvidia_driver",
+            ok: true,
+            detail: v.lines().next().unwrap_or_default().trim().to_string(),
+        },
+        Err(_) => Check {
+            name: "nvidia_driver",
+            ok: false,
+            detail: "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version missing)".into(),
+        },
+    }
+}
+
+fn nvml_check() -> Check {
+    match nvml_wrapper::Nvml::init() {
+        Ok(nvml) => {
+            let version = nvml.sys_driver_version().unwrap_or_else(|e| format!("? ({e})"));
+            let count = nvml.device_count().map_or_else(|e| format!("? ({e})"), |n| n.to_string());
+            Check {
+                name: "nvml",
+                ok: true,
+                detail: format!("driver {version}, {count} device(s)"),
+            }
+        }
+        Err(e) => Check {
+            name: "nvml",
+            ok: false,
+            detail: format!("{}: GPU memory will come from kernel data only", error_chain(&e)),
+        },
+    }
+}
+
+/// Plain-text form of the report.
+pub fn render(report: &Report) -> String {
+    let mut s = format!("{:<16}{}\n", "kernel", report.kernel);
+    for c in report.hooks.iter().chain(&report.gpu) {
+        s.push_str(&format!(
+            "{:<16}{:<5}{}\n",
+            c.name,
+            if c.ok { "yes" } else { "no" },
+            c.detail
+        ));
+    }
+    s.push_str(&format!("{:<16}{}\n", "strategy", report.strategy));
+    s
+}

@@ -1,0 +1,188 @@
+//! Loads the tracer's programs with their globals and attaches them.
+
+use aya::{
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, TracePoint},
+    Btf, Ebpf, EbpfLoader,
+};
+use aya_log::EbpfLogger;
+use log::debug;
+
+use super::{offsets, tracefs, EBPF_OBJECT};
+use crate::error::{Error, Result};
+
+/// Signals that open an incident by default: the ones that kill a process unless handled,
+/// as issued by users, supervisors and the kernel (OOM killer, faults).
+pub const DEFAULT_FATAL_SIGNALS: &[i32] = &[
+    libc_sig::SIGHUP,
+    libc_sig::SIGINT,
+    libc_sig::SIGQUIT,
+    libc_sig::SIGILL,
+    libc_sig::SIGABRT,
+    libc_sig::SIGBUS,
+    libc_sig::SIGFPE,
+    libc_sig::SIGKILL,
+    libc_sig::SIGSEGV,
+    libc_sig::SIGTERM,
+];
+
+mod libc_sig {
+    pub const SIGHUP: i32 = 1;
+    pub const SIGINT: i32 = 2;
+    pub const SIGQUIT: i32 = 3;
+    pub const SIGILL: i32 = 4;
+    pub const SIGABRT: i32 = 6;
+    pub const SIGBUS: i32 = 7;
+    pub const SIGFPE: i32 = 8;
+    pub const SIGKILL: i32 = 9;
+    pub const SIGSEGV: i32 = 11;
+    pub const SIGTERM: i32 = 15;
+}
+
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Ring buffer size in bytes (a power of two, at least one page).
+    pub ring_size: u32,
+    pub fatal_signals: Vec<i32>,
+    /// Attach the ring buffer throughput benchmark for this pid.
+    pub bench_pid: Option<u32>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            ring_size: 1 << 22,
+            fatal_signals: DEFAULT_FATAL_SIGNALS.to_vec(),
+            bench_pid: None,
+        }
+    }
+}
+
+/// Loaded and attached programs. Dropping it detaches everything.
+pub struct Probes {
+    ebpf: Ebpf,
+    /// Owns the log map: the programs fail to load without it, so it lives as long as they do.
+    logger: Option<EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Probes {
+    pub fn load(config: &ProbeConfig) -> Result<Self> {
+        check_root()?;
+        tracefs::ensure_mounted()?;
+        let vmlinux = offsets::load_vmlinux()?;
+        let offsets = offsets::resolve(&vmlinux)?;
+        let has_group_dead = offsets::exit_has_group_dead(&vmlinux)?;
+        let mask = config
+            .fatal_signals
+            .iter()
+            .filter(|s| (1..64).contains(*s))
+            .fold(0u64, |m, s| m | 1 << s);
+        let bench_pid = config.bench_pid.unwrap_or(0);
+        let mut ebpf = EbpfLoader::new()
+            .override_global("OFFSETS", &offsets, true)
+            .override_global("FATAL_SIGNALS", &mask, true)
+            .override_global("BENCH_PID", &bench_pid, true)
+            .map_max_entries("EVENTS", config.ring_size)
+            .load(EBPF_OBJECT)
+            .map_err(|e| Error::Load(e.to_string()))?;
+        let logger = match EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                debug!("eBPF logging unavailable: {e}");
+                None
+            }
+        };
+        let btf = Btf::from_sys_fs().map_err(|e| Error::Btf(e.to_string()))?;
+        let mut probes = Self { ebpf, logger };
+        let exit_program = if has_group_dead {
+            "task_exit_group_dead"
+        } else {
+            "task_exit_legacy"
+        };
+        for (program, tracepoint) in [
+            ("signal_generate", "signal_generate"),
+            ("process_fork", "sched_process_fork"),
+            ("process_exec", "sched_process_exec"),
+            (exit_program, "sched_process_exit"),
+            ("process_free", "sched_process_free"),
+        ] {
+            probes.attach_btf(program, tracepoint, &btf)?;
+        }
+        probes.attach_tracepoint("signal_deliver", "signal", "signal_deliver")?;
+        probes.attach_tracepoint("wait4_exit", "syscalls", "sys_exit_wait4")?;
+        if config.bench_pid.is_some() {
+            probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
+        }
+        Ok(probes)
+    }
+
+    fn attach_btf(&mut self, program: &str, tracepoint: &str, btf: &Btf) -> Result<()> {
+        let attach = |ebpf: &mut Ebpf| -> std::result::Result<(), String> {
+            let p: &mut BtfTracePoint = ebpf
+                .program_mut(program)
+                .ok_or("missing from the object")?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            p.load(tracepoint, btf).map_err(|e| e.to_string())?;
+            p.attach().map_err(|e| e.to_string())?;
+            Ok(())
+        };
+        attach(&mut self.ebpf).map_err(|reason| Error::Attach {
+            program: format!("{program} (tp_btf/{tracepoint})"),
+            reason,
+        })
+    }
+
+    fn attach_tracepoint(&mut self, program: &str, category: &str, name: &str) -> Result<()> {
+        let attach = |ebpf: &mut Ebpf| -> std::result::Result<(), String> {
+            let p: &mut TracePoint = ebpf
+                .program_mut(program)
+                .ok_or("missing from the object")?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            p.load().map_err(|e| e.to_string())?;
+            p.attach(category, name).map_err(|e| e.to_string())?;
+            Ok(())
+        };
+        attach(&mut self.ebpf).map_err(|reason| Error::Attach {
+            program: format!("{program} (tracepoint/{category}/{name})"),
+            reason,
+        })
+    }
+
+    /// Takes the ring buffer out for the reader.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| Error::Load("map EVENTS missing".into()))?;
+        RingBuf::try_from(map).map_err(|e| Error::Load(e.to_string()))
+    }
+
+    /// Takes the per-CPU drop counter out for the reader.
+    pub fn take_drops(&mut self) -> Result<PerCpuArray<MapData, u64>> {
+        let map = self
+            .ebpf
+            .take_map("DROPS")
+            .ok_or_else(|| Error::Load("map DROPS missing".into()))?;
+        PerCpuArray::try_from(map).map_err(|e| Error::Load(e.to_string()))
+    }
+
+    /// Forwards pending log lines of the programs to the `log` crate.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+}
+
+fn check_root() -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(Error::Permission(format!(
+            "running as uid {}; start it with sudo",
+            nix::unistd::geteuid()
+        )))
+    }
+}

@@ -1,0 +1,11 @@
+//! Loading and attaching the eBPF programs, and probing what the kernel allows.
+
+pub mod doctor;
+pub mod load;
+pub mod offsets;
+pub mod tracefs;
+
+pub use load::{ProbeConfig, Probes};
+
+/// The compiled eBPF object, built by build.rs.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linger-probes"));

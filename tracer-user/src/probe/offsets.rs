@@ -1,0 +1,92 @@
+//! Field offsets the programs need, read from the running kernel's BTF.
+
+use btf_rs::{Btf, Type};
+use tracer_common::KernelOffsets;
+
+use crate::error::{Error, Result};
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+pub fn load_vmlinux() -> Result<Btf> {
+    Btf::from_file(VMLINUX_BTF).map_err(|e| Error::Btf(format!("{VMLINUX_BTF}: {e}")))
+}
+
+pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
+    Ok(KernelOffsets {
+        task_pid: member_offset(btf, "task_struct", "pid")?,
+        task_tgid: member_offset(btf, "task_struct", "tgid")?,
+        task_comm: member_offset(btf, "task_struct", "comm")?,
+        task_group_leader: member_offset(btf, "task_struct", "group_leader")?,
+        task_signal: member_offset(btf, "task_struct", "signal")?,
+        task_exit_code: member_offset(btf, "task_struct", "exit_code")?,
+        signal_nr_threads: member_offset(btf, "signal_struct", "nr_threads")?,
+        signal_live: member_offset(btf, "signal_struct", "live")?,
+    })
+}
+
+/// Whether `sched_process_exit` passes `group_dead` (kernels since 6.16 do): its BTF typedef
+/// `btf_trace_sched_process_exit` points to a prototype with a third parameter.
+pub fn exit_has_group_dead(btf: &Btf) -> Result<bool> {
+    let typedef = first_type(btf, "btf_trace_sched_process_exit")?;
+    let mut ty = btf
+        .resolve_chained_type(
+            typedef
+                .as_btf_type()
+                .ok_or_else(|| Error::Btf("btf_trace_sched_process_exit is not a type".into()))?,
+        )
+        .map_err(|e| Error::Btf(e.to_string()))?;
+    if let Type::Ptr(ptr) = &ty {
+        ty = btf
+            .resolve_chained_type(ptr)
+            .map_err(|e| Error::Btf(e.to_string()))?;
+    }
+    match ty {
+        Type::FuncProto(proto) => Ok(proto.parameters.len() >= 3),
+        other => Err(Error::Btf(format!(
+            "btf_trace_sched_process_exit resolves to {}, expected a prototype",
+            other.name()
+        ))),
+    }
+}
+
+fn first_type(btf: &Btf, name: &str) -> Result<Type> {
+    btf.resolve_types_by_name(name)
+        .map_err(|e| Error::Btf(format!("{name}: {e}")))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Btf(format!("{name} not found")))
+}
+
+/// Byte offset of `field` in `struct name`, looking through anonymous struct and union members
+/// (randomized layouts and unions put fields there).
+pub fn member_offset(btf: &Btf, name: &str, field: &str) -> Result<u32> {
+    let structs = btf
+        .resolve_types_by_name(name)
+        .map_err(|e| Error::Btf(format!("struct {name}: {e}")))?;
+    for ty in structs {
+        if let Type::Struct(s) = ty {
+            if let Some(bits) = find_member(btf, &s, field) {
+                return Ok(bits / 8);
+            }
+        }
+    }
+    Err(Error::Btf(format!("no field {field} in struct {name}")))
+}
+
+fn find_member(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<u32> {
+    for member in &s.members {
+        let name = btf.resolve_name(member).unwrap_or_default();
+        if name == field {
+            return Some(member.bit_offset());
+        }
+        if name.is_empty() {
+            if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(member)
+            {
+                if let Some(bits) = find_member(btf, &inner, field) {
+                    return Some(member.bit_offset() + bits);
+                }
+            }
+        }
+    }
+    None
+}

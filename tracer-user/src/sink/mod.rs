@@ -1,0 +1,4 @@
+//! Where incidents go.
+
+pub mod json;
+pub mod text;

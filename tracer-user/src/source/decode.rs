@@ -1,0 +1,167 @@
+//! Raw ring buffer records to [`Event`]s.
+//!
+//! Fields are read one by one with `bytes::Buf` in the kernel's layout (`tracer_common`), so
+//! decoding needs no unsafe code and never trusts a record's size beyond its bytes.
+
+use bytes::Buf;
+use tracer_common::{Header, Kind, ReapHow, COMM_LEN};
+
+use crate::event::{Event, EventData};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record of {0} bytes is shorter than its header")]
+    Short(usize),
+    #[error("record kind {kind} needs {need} bytes, has {have}")]
+    Truncated { kind: u16, need: usize, have: usize },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u16),
+}
+
+pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
+    let total = buf.len();
+    let header_len = std::mem::size_of::<Header>();
+    if total < header_len {
+        return Err(DecodeError::Short(total));
+    }
+    let kind_id = buf.get_u16_le();
+    let _size = buf.get_u16_le();
+    let cpu = buf.get_u32_le();
+    let ts_ns = buf.get_u64_le();
+    let pid = buf.get_u32_le();
+    let tid = buf.get_u32_le();
+    let kind = Kind::from_u16(kind_id).ok_or(DecodeError::UnknownKind(kind_id))?;
+    let need = payload_len(kind);
+    if buf.remaining() < need {
+        return Err(DecodeError::Truncated {
+            kind: kind_id,
+            need: header_len + need,
+            have: total,
+        });
+    }
+    let data = match kind {
+        Kind::SignalGenerate => {
+            let sig = buf.get_u32_le();
+            let code = buf.get_i32_le();
+            let result = buf.get_i32_le();
+            let group = buf.get_u32_le() != 0;
+            let target_pid = buf.get_u32_le();
+            let target_tid = buf.get_u32_le();
+            let target_threads = buf.get_u32_le();
+            buf.advance(4);
+            EventData::SignalGenerate {
+                sig,
+                code,
+                result,
+                group,
+                target_pid,
+                target_tid,
+                target_threads,
+                sender_comm: comm(&mut buf),
+                target_comm: comm(&mut buf),
+            }
+        }
+        Kind::SignalDeliver => EventData::SignalDeliver {
+            sig: buf.get_u32_le(),
+            code: buf.get_i32_le(),
+            handler: buf.get_u64_le(),
+            sa_flags: buf.get_u64_le(),
+        },
+        Kind::ProcessFork => {
+            let child_pid = buf.get_u32_le();
+            buf.advance(4);
+            EventData::Fork {
+                child_pid,
+                comm: comm(&mut buf),
+            }
+        }
+        Kind::ProcessExec => EventData::Exec {
+            comm: comm(&mut buf),
+        },
+        Kind::TaskExit => EventData::TaskExit {
+            exit_code: buf.get_u32_le(),
+            group_dead: buf.get_u32_le() != 0,
+            comm: comm(&mut buf),
+        },
+        Kind::Reap => EventData::Reap {
+            reaped_pid: buf.get_u32_le(),
+            by_wait: buf.get_u32_le() == ReapHow::Wait as u32,
+            comm: comm(&mut buf),
+        },
+        Kind::BenchTick => EventData::BenchTick,
+    };
+    Ok(Event {
+        ts_ns,
+        cpu,
+        pid,
+        tid,
+        data,
+    })
+}
+
+fn payload_len(kind: Kind) -> usize {
+    use std::mem::size_of;
+    use tracer_common as c;
+    match kind {
+        Kind::SignalGenerate => size_of::<c::SignalGenerate>(),
+        Kind::SignalDeliver => size_of::<c::SignalDeliver>(),
+        Kind::ProcessFork => size_of::<c::ProcessFork>(),
+        Kind::ProcessExec => size_of::<c::ProcessExec>(),
+        Kind::TaskExit => size_of::<c::TaskExit>(),
+        Kind::Reap => size_of::<c::Reap>(),
+        Kind::BenchTick => size_of::<c::BenchTick>(),
+    }
+}
+
+/// A kernel comm: up to 16 bytes, NUL-terminated when shorter.
+fn comm(buf: &mut &[u8]) -> String {
+    let raw = &buf[..COMM_LEN];
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    let s = String::from_utf8_lossy(&raw[..end]).into_owned();
+    buf.advance(COMM_LEN);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(kind: Kind, payload: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&(kind as u16).to_le_bytes());
+        v.extend_from_slice(&((24 + payload) as u16).to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&42u64.to_le_bytes());
+        v.extend_from_slice(&7u32.to_le_bytes());
+        v.extend_from_slice(&8u32.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn task_exit_round_trips_its_fields() {
+        let mut v = header(Kind::TaskExit, 24);
+        v.extend_from_slice(&9u32.to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(b"python3\0\0\0\0\0\0\0\0\0");
+        let e = decode(&v).expect("valid record");
+        assert_eq!((e.ts_ns, e.cpu, e.pid, e.tid), (42, 1, 7, 8));
+        assert_eq!(
+            e.data,
+            EventData::TaskExit {
+                exit_code: 9,
+                group_dead: true,
+                comm: "python3".into()
+            }
+        );
+    }
+
+    #[test]
+    fn truncated_and_unknown_records_are_errors() {
+        let v = header(Kind::TaskExit, 24);
+        assert!(matches!(decode(&v), Err(DecodeError::Truncated { kind: 5, .. })));
+        assert_eq!(decode(&v[..10]), Err(DecodeError::Short(10)));
+        let mut u = header(Kind::TaskExit, 0);
+        u[0] = 0xff;
+        assert_eq!(decode(&u), Err(DecodeError::UnknownKind(0xff)));
+    }
+}

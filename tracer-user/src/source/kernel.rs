@@ -1,0 +1,91 @@
+//! The kernel source: ring buffer records and drop counts as events.
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use log::warn;
+use tokio::io::{unix::AsyncFd, Interest};
+
+use super::decode::decode;
+use crate::{
+    error::Result,
+    event::{Event, EventData},
+    probe::Probes,
+};
+
+pub struct KernelSource {
+    ring: AsyncFd<RingBuf<MapData>>,
+    drops: PerCpuArray<MapData, u64>,
+    drops_reported: u64,
+    undecodable: u64,
+    probes: Probes,
+}
+
+impl KernelSource {
+    /// Must be called inside a tokio runtime (the ring buffer is registered with its reactor).
+    pub fn new(mut probes: Probes) -> Result<Self> {
+        let ring = probes.take_events()?;
+        // SAFETY: the AsyncFd owns the ring buffer, which owns its fd, so the fd stays open and
+        // unshared for as long as it is registered.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| std::io::Error::from(e.into_parts().1))?;
+        let drops = probes.take_drops()?;
+        Ok(Self {
+            ring,
+            drops,
+            drops_reported: 0,
+            undecodable: 0,
+            probes,
+        })
+    }
+
+    /// Waits until the kernel has written records.
+    pub async fn readable(&mut self) -> std::io::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Decodes every record available now into `out`.
+    pub fn drain(&mut self, out: &mut Vec<Event>) {
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            match decode(&item) {
+                Ok(event) => out.push(event),
+                Err(e) => {
+                    self.undecodable += 1;
+                    if self.undecodable == 1 {
+                        warn!("skipping undecodable kernel record ({e}); further ones are counted");
+                    }
+                }
+            }
+        }
+        self.probes.flush_logs();
+    }
+
+    /// A [`EventData::Loss`] event when the kernel dropped records since the last call.
+    pub fn poll_drops(&mut self, now_ns: u64) -> Option<Event> {
+        let total: u64 = match self.drops.get(&0, 0) {
+            Ok(per_cpu) => per_cpu.iter().sum(),
+            Err(e) => {
+                warn!("reading the drop counter failed: {e}");
+                return None;
+            }
+        };
+        let new = total.saturating_sub(self.drops_reported);
+        if new == 0 {
+            return None;
+        }
+        self.drops_reported = total;
+        Some(Event {
+            ts_ns: now_ns,
+            cpu: 0,
+            pid: 0,
+            tid: 0,
+            data: EventData::Loss { count: new },
+        })
+    }
+
+    /// Records the kernel dropped since loading.
+    pub fn drops_total(&self) -> u64 {
+        self.drops_reported
+    }
+}

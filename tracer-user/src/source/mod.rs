@@ -1,0 +1,5 @@
+//! Where events come from.
+
+pub mod collect;
+pub mod decode;
+pub mod kernel;
