@@ -1,1 +1,1 @@
-
+//! Helpers shared by the integration tests and benchmarks.

@@ -1,1 +1,46 @@
-fn main(){}
+//! Project tasks: `cargo xtask <setup|build|run|test|bench>`.
+
+mod bench;
+mod build;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install or check nightly with rust-src and a bpf-linker built against nightly's LLVM.
+    Setup,
+    /// Build the `linger` binary (release).
+    Build,
+    /// Build, then run linger with the given arguments, e.g. `cargo xtask run -- demo`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit tests and the integration tests that load real programs (as root).
+    Test {
+        /// Extra arguments for `cargo test`, e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the benchmarks and rewrite BENCHMARKS.md.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::run().map(|_| ()),
+        Command::Build => build::linger().map(|_| ()),
+        Command::Run { args } => build::run(&args),
+        Command::Test { args } => test::run(&args),
+        Command::Bench(args) => bench::run(args),
+    }
+}

@@ -1,0 +1,35 @@
+//! Building and running linger with the eBPF toolchain on PATH.
+
+use std::{env, path::PathBuf, process::Command};
+
+use anyhow::Result;
+
+use crate::setup;
+
+/// A `cargo` command with bpf-linker first on PATH.
+pub fn cargo() -> Result<Command> {
+    let bin = setup::run()?;
+    let mut paths = vec![bin];
+    paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.env("PATH", env::join_paths(paths)?);
+    Ok(cmd)
+}
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// Builds target/release/linger and returns its path.
+pub fn linger() -> Result<PathBuf> {
+    setup::status(cargo()?.args(["build", "--release", "--package", "tracer-user", "--bin", "linger"]))?;
+    Ok(workspace_root().join("target/release/linger"))
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let bin = linger()?;
+    setup::status(Command::new(bin).args(args))
+}
