@@ -153,7 +153,15 @@ pub trait Payload: Copy + 'static {
 macro_rules! payloads {
     ($($t:ident),*) => { $(impl Payload for $t { const KIND: Kind = Kind::$t; })* };
 }
-payloads!(SignalGenerate, SignalDeliver, ProcessFork, ProcessExec, TaskExit, Reap, BenchTick);
+payloads!(
+    SignalGenerate,
+    SignalDeliver,
+    ProcessFork,
+    ProcessExec,
+    TaskExit,
+    Reap,
+    BenchTick
+);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -5,6 +5,7 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
+use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
@@ -56,7 +57,17 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     let result: i32 = ctx.arg(4);
     let target_pid = target.tgid();
     if fatal {
-        let _ = TRACKED.insert(target_pid, 0, 0);
+        if TRACKED.insert(target_pid, 0, 0).is_err() {
+            warn!(
+                &ctx,
+                "tracked-process map full: threads of pid {} are not followed", target_pid
+            );
+        } else {
+            debug!(
+                &ctx,
+                "signal {} to pid {}: following its exit", sig, target_pid
+            );
+        }
     }
     // SAFETY: bpf_get_current_task returns the running task, valid for this program's run.
     let sender = Task(unsafe { bpf_get_current_task() } as *const u8);

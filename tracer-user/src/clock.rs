@@ -36,7 +36,10 @@ impl WallAnchor {
     pub fn format_local(&self, boot_ns: u64) -> String {
         let tz = jiff::tz::TimeZone::system();
         match jiff::Timestamp::from_nanosecond(self.wall_ns(boot_ns)) {
-            Ok(ts) => ts.to_zoned_datetime(tz).strftime("%H:%M:%S%.3f").to_string(),
+            Ok(ts) => ts
+                .to_zoned_datetime(tz)
+                .strftime("%H:%M:%S%.3f")
+                .to_string(),
             Err(_) => format!("boot+{:.3}s", boot_ns as f64 / 1e9),
         }
     }

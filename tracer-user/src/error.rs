@@ -10,8 +10,8 @@ pub enum Error {
     Permission(String),
     #[error("reading kernel BTF: {0}")]
     Btf(String),
-    #[error("tracefs: {0}")]
-    Tracefs(String),
+    #[error("{0}")]
+    Mount(String),
     #[error("loading eBPF programs: {0}")]
     Load(String),
     #[error("attaching {program}: {reason}")]

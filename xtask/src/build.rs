@@ -25,7 +25,14 @@ pub fn workspace_root() -> PathBuf {
 
 /// Builds target/release/linger and returns its path.
 pub fn linger() -> Result<PathBuf> {
-    setup::status(cargo()?.args(["build", "--release", "--package", "tracer-user", "--bin", "linger"]))?;
+    setup::status(cargo()?.args([
+        "build",
+        "--release",
+        "--package",
+        "tracer-user",
+        "--bin",
+        "linger",
+    ]))?;
     Ok(workspace_root().join("target/release/linger"))
 }
 

@@ -40,7 +40,10 @@ pub fn run() -> Result<PathBuf> {
     let llvm = nightly_libllvm()?;
     let bin = bpf_linker_bin()?;
     let stamp_path = toolchain_dir()?.join("bpf-linker/STAMP");
-    let want = format!("bpf-linker {BPF_LINKER_VERSION} against {}\n", llvm.display());
+    let want = format!(
+        "bpf-linker {BPF_LINKER_VERSION} against {}\n",
+        llvm.display()
+    );
     if fs::read_to_string(&stamp_path).ok().as_deref() == Some(want.as_str())
         && bin.join("bpf-linker").exists()
     {
@@ -55,9 +58,13 @@ fn ensure_nightly() -> Result<()> {
     let installed = output("rustup", &["toolchain", "list"])?;
     if !installed.lines().any(|l| l.starts_with("nightly")) {
         eprintln!("xtask: installing the nightly toolchain");
-        status(
-            Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]),
-        )
+        status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
         .context("installing nightly with rustup failed")?;
     }
     let components = output(
@@ -66,8 +73,14 @@ fn ensure_nightly() -> Result<()> {
     )?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
         eprintln!("xtask: adding rust-src to nightly");
-        status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-            .context("adding rust-src to nightly failed")?;
+        status(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))
+        .context("adding rust-src to nightly failed")?;
     }
     Ok(())
 }
@@ -112,11 +125,23 @@ fn build_bpf_linker(llvm: &Path) -> Result<()> {
         std::os::unix::fs::symlink(llvm, &link)
             .with_context(|| format!("linking {}", link.display()))?;
     }
-    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm.display());
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
+        llvm.display()
+    );
     status(
         Command::new("cargo")
-            .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force"])
-            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
+            .args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--locked",
+                "--force",
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{LLVM_MAJOR}"),
+            ])
             .arg("--root")
             .arg(dir.join("bpf-linker"))
             .env("LLVM_PREFIX", &prefix),

@@ -76,7 +76,15 @@ impl Correlator {
                 } else if let Some(inc) = self.open.get_mut(target_pid) {
                     inc.repeats += 1;
                 } else if self.wanted(*target_pid, target_comm) {
-                    let inc = self.open_incident(e, *sig, *code, *target_pid, *target_threads, sender_comm, target_comm);
+                    let inc = self.open_incident(
+                        e,
+                        *sig,
+                        *code,
+                        *target_pid,
+                        *target_threads,
+                        sender_comm,
+                        target_comm,
+                    );
                     if *result == RESULT_IGNORED {
                         // Discarded by the kernel at generation: nothing will happen.
                         closed.push(close(inc, Outcome::Survived));

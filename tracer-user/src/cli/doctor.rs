@@ -11,7 +11,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        return Err(Error::Permission("loading eBPF programs to test them needs root".into()).into());
+        return Err(
+            Error::Permission("loading eBPF programs to test them needs root".into()).into(),
+        );
     }
     let report = doctor::run();
     if args.json {

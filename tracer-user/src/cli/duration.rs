@@ -4,7 +4,9 @@ use std::time::Duration;
 
 pub fn parse(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let value: f64 = num
         .parse()
@@ -14,7 +16,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         "ms" => value / 1e3,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit '{other}' in '{s}' (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown unit '{other}' in '{s}' (use ms, s, m or h)"
+            ))
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
 }

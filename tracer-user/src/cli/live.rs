@@ -49,7 +49,9 @@ fn parse_signal(s: &str) -> Result<u32, String> {
 }
 
 fn parse_ring_size(s: &str) -> Result<u32, String> {
-    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a byte count"))?;
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count"))?;
     if n < 4096 || !n.is_power_of_two() {
         return Err(format!("{n} must be a power of two of at least 4096"));
     }

@@ -18,7 +18,8 @@ use tracer_user::error::Error;
     about = "Why is a killed process's GPU memory still in use, and for how long?"
 )]
 struct Cli {
-    /// More diagnostics on stderr (-v: debug, including the eBPF programs' own log; -vv: trace).
+    /// More diagnostics on stderr (-v: debug, with the eBPF programs' own log; -vv: aya's too).
+    /// RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -61,13 +62,16 @@ pub fn main() -> ExitCode {
 }
 
 fn is_permission(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| matches!(c.downcast_ref::<Error>(), Some(Error::Permission(_))))
+    e.chain()
+        .any(|c| matches!(c.downcast_ref::<Error>(), Some(Error::Permission(_))))
 }
 
 fn init_logging(verbose: u8) {
+    // -v: our own debug output and the eBPF programs' log; -vv adds aya's loader details.
     let default = match verbose {
         0 => "warn",
-        1 => "debug",
+        1 => "warn,linger=debug,tracer_user=debug,linger_probes=debug",
+        2 => "debug",
         _ => "trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))

@@ -12,7 +12,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use super::EBPF_OBJECT;
+use super::{tracefs, EBPF_OBJECT};
 
 #[derive(Debug, Serialize)]
 pub struct Check {
@@ -41,6 +41,13 @@ impl Report {
 
 pub fn run() -> Report {
     let mut hooks = Vec::new();
+    if let Err(e) = tracefs::ensure_mounted() {
+        hooks.push(Check {
+            name: "tracefs",
+            ok: false,
+            detail: format!("{e}: tracepoints cannot be attached"),
+        });
+    }
     let btf = Btf::from_sys_fs();
     hooks.push(Check {
         name: "btf",
@@ -53,12 +60,21 @@ pub fn run() -> Report {
     match load_object() {
         Ok(mut ebpf) => {
             let btf = btf.ok();
-            for name in ["tracepoint", "tp_btf", "raw_tracepoint", "perf_event", "uprobe", "fentry", "kprobe"] {
+            for name in [
+                "tracepoint",
+                "tp_btf",
+                "raw_tracepoint",
+                "perf_event",
+                "uprobe",
+                "fentry",
+                "kprobe",
+            ] {
                 let result = try_hook(&mut ebpf, name, btf.as_ref());
                 hooks.push(Check {
                     name,
                     ok: result.is_ok(),
-                    detail: result.map_or_else(|e| explain(name, &e), |()| "loaded and attached".into()),
+                    detail: result
+                        .map_or_else(|e| explain(name, &e), |()| "loaded and attached".into()),
                 });
             }
         }
@@ -136,7 +152,8 @@ fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), String
         "uprobe" => {
             let p: &mut UProbe = program.try_into().map_err(e)?;
             p.load().map_err(e)?;
-            p.attach("getpid", "libc", UProbeScope::AllProcesses).map_err(e)?;
+            p.attach("getpid", "libc", UProbeScope::AllProcesses)
+                .map_err(e)?;
         }
         "fentry" => {
             let p: &mut FEntry = program.try_into().map_err(e)?;
@@ -183,6 +200,8 @@ fn explain(name: &str, error: &str) -> String {
 }
 
 fn kernel_line() -> String {
+    // Lockdown decides which helpers work; it is read from securityfs.
+    let _ = tracefs::ensure_securityfs();
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let lockdown = fs::read_to_string("/sys/kernel/security/lockdown")
         .ok()
@@ -213,8 +232,12 @@ fn driver_check() -> Check {
 fn nvml_check() -> Check {
     match nvml_wrapper::Nvml::init() {
         Ok(nvml) => {
-            let version = nvml.sys_driver_version().unwrap_or_else(|e| format!("? ({e})"));
-            let count = nvml.device_count().map_or_else(|e| format!("? ({e})"), |n| n.to_string());
+            let version = nvml
+                .sys_driver_version()
+                .unwrap_or_else(|e| format!("? ({e})"));
+            let count = nvml
+                .device_count()
+                .map_or_else(|e| format!("? ({e})"), |n| n.to_string());
             Check {
                 name: "nvml",
                 ok: true,
@@ -224,7 +247,10 @@ fn nvml_check() -> Check {
         Err(e) => Check {
             name: "nvml",
             ok: false,
-            detail: format!("{}: GPU memory will come from kernel data only", error_chain(&e)),
+            detail: format!(
+                "{}: GPU memory will come from kernel data only",
+                error_chain(&e)
+            ),
         },
     }
 }

@@ -8,4 +8,5 @@ pub mod tracefs;
 pub use load::{ProbeConfig, Probes};
 
 /// The compiled eBPF object, built by build.rs.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linger-probes"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linger-probes"));

@@ -80,8 +80,7 @@ fn find_member(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<u32> {
             return Some(member.bit_offset());
         }
         if name.is_empty() {
-            if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(member)
-            {
+            if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(member) {
                 if let Some(bits) = find_member(btf, &inner, field) {
                     return Some(member.bit_offset() + bits);
                 }

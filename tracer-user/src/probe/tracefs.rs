@@ -1,4 +1,5 @@
-//! Tracepoints are attached through tracefs, which these machines do not mount by default.
+//! Kernel pseudo file systems the tracer reads but many machines do not mount by default:
+//! tracefs (tracepoint attachment) and securityfs (the lockdown mode, for `doctor`).
 
 use std::path::Path;
 
@@ -11,10 +12,35 @@ const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// Mounts tracefs at /sys/kernel/tracing unless it (or the debugfs copy) is already there.
 pub fn ensure_mounted() -> Result<()> {
-    if Path::new(TRACEFS).join("events").exists() || Path::new(DEBUGFS_TRACING).join("events").exists()
+    if Path::new(TRACEFS).join("events").exists()
+        || Path::new(DEBUGFS_TRACING).join("events").exists()
     {
         return Ok(());
     }
-    mount(Some("nodev"), TRACEFS, Some("tracefs"), MsFlags::empty(), None::<&str>)
-        .map_err(|e| Error::Tracefs(format!("mounting tracefs at {TRACEFS} failed: {e}")))
+    mount(
+        Some("nodev"),
+        TRACEFS,
+        Some("tracefs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| Error::Mount(format!("mounting tracefs at {TRACEFS} failed: {e}")))
+}
+
+const SECURITYFS: &str = "/sys/kernel/security";
+
+/// Mounts securityfs at /sys/kernel/security unless something is already there.
+pub fn ensure_securityfs() -> Result<()> {
+    let mounted = std::fs::read_dir(SECURITYFS).is_ok_and(|mut d| d.next().is_some());
+    if mounted {
+        return Ok(());
+    }
+    mount(
+        Some("none"),
+        SECURITYFS,
+        Some("securityfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| Error::Mount(format!("mounting securityfs at {SECURITYFS} failed: {e}")))
 }

@@ -158,7 +158,10 @@ mod tests {
     #[test]
     fn truncated_and_unknown_records_are_errors() {
         let v = header(Kind::TaskExit, 24);
-        assert!(matches!(decode(&v), Err(DecodeError::Truncated { kind: 5, .. })));
+        assert!(matches!(
+            decode(&v),
+            Err(DecodeError::Truncated { kind: 5, .. })
+        ));
         assert_eq!(decode(&v[..10]), Err(DecodeError::Short(10)));
         let mut u = header(Kind::TaskExit, 0);
         u[0] = 0xff;
