@@ -30,7 +30,10 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
         inc.target.pid,
     );
     let mut steps = Vec::new();
+    // A thread can leave the group's live count before another one's exit tracepoint fires,
+    // so "all exited" is the latest exit seen, which may come after the group-dead one.
     if let Some(dead) = inc.t_group_dead_ns {
+        let dead = inc.exits.iter().map(|x| x.t_ns).max().unwrap_or(dead).max(dead);
         let how = match &inc.exit {
             Some(e) if e.signal.is_some() => String::new(),
             Some(e) => format!(" (exit status {})", e.status.unwrap_or(0)),
