@@ -5,6 +5,7 @@
 //! never reused and payload structs only grow at their end.
 #![no_std]
 
+pub mod driver;
 pub mod offsets;
 pub mod records;
 

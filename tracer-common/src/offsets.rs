@@ -15,6 +15,17 @@ pub struct KernelOffsets {
     pub signal_nr_threads: u32,
     /// `signal_struct.live` (atomic_t): zero once the last thread has started exiting.
     pub signal_live: u32,
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_max_fds: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_close_on_exec: u32,
+    pub file_inode: u32,
+    /// `f_ref` (6.13+, stores count - 1) or `f_count` (the count itself).
+    pub file_refcount: u32,
+    /// 1 when `file_refcount` is `f_ref`, whose raw value is one less than the count.
+    pub file_refcount_bias: u32,
+    pub inode_rdev: u32,
 }
 
 #[cfg(feature = "user")]

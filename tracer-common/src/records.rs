@@ -16,6 +16,9 @@ pub enum Kind {
     ProcessExec = 4,
     TaskExit = 5,
     Reap = 6,
+    GpuFd = 7,
+    GpuCloseRange = 8,
+    GpuIoctl = 9,
     /// Emitted only by the benchmark program to measure ring buffer throughput.
     BenchTick = 100,
 }
@@ -29,6 +32,9 @@ impl Kind {
             4 => Self::ProcessExec,
             5 => Self::TaskExit,
             6 => Self::Reap,
+            7 => Self::GpuFd,
+            8 => Self::GpuCloseRange,
+            9 => Self::GpuIoctl,
             100 => Self::BenchTick,
             _ => return None,
         })
@@ -86,9 +92,13 @@ pub struct SignalDeliver {
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessFork {
     pub child_pid: u32,
-    pub _pad: u32,
+    /// [`FORK_FILES_SHARED`]: the child shares the parent's fd table (CLONE_FILES) instead of
+    /// a copy.
+    pub flags: u32,
     pub comm: [u8; COMM_LEN],
 }
+
+pub const FORK_FILES_SHARED: u32 = 1;
 
 /// `sched_process_exec`: the process in the header now runs a new image.
 #[repr(C)]
@@ -129,6 +139,93 @@ pub struct Reap {
     pub comm: [u8; COMM_LEN],
 }
 
+/// What happened to a descriptor of a GPU file.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdOp {
+    /// open/openat/openat2 returned `fd`.
+    Open = 1,
+    /// dup/dup2/dup3/fcntl(F_DUPFD*) returned `fd`.
+    Dup = 2,
+    /// close(fd) was called (the record is written before the close happens).
+    Close = 3,
+    /// Still in the table when the group died (one record per descriptor).
+    HeldAtExit = 4,
+    /// Still in the table after exec dropped the close-on-exec ones.
+    HeldAtExec = 5,
+}
+
+impl FdOp {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Open,
+            2 => Self::Dup,
+            3 => Self::Close,
+            4 => Self::HeldAtExit,
+            5 => Self::HeldAtExec,
+            _ => return None,
+        })
+    }
+}
+
+/// Flag bit of [`GpuFd::flags`]: the descriptor is close-on-exec.
+pub const FD_CLOEXEC: u32 = 1;
+/// Flag bit of [`GpuFd::flags`]: the walk stopped at its limit; later descriptors were not seen.
+pub const FD_WALK_TRUNCATED: u32 = 2;
+
+/// A descriptor of a GPU file in the header's process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuFd {
+    pub op: u32,
+    pub fd: i32,
+    /// The device number (`i_rdev`, kernel encoding: major << 20 | minor).
+    pub dev: u32,
+    pub flags: u32,
+    /// Kernel address of the `struct file`: the identity shared by every holder of this open.
+    pub file: u64,
+    /// References to the file (descriptors in all tables, plus mmaps and in-flight uses).
+    pub refcount: u64,
+}
+
+/// `close_range(first, last, flags)` by a GPU holder.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuCloseRange {
+    pub first: u32,
+    pub last: u32,
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// One ioctl on a GPU file, written when it returns. Fields after `file` are decoded from the
+/// driver's fixed-size parameter struct for the escapes that carry them, zero otherwise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuIoctl {
+    pub fd: i32,
+    /// The command as issued (for IOCTL_XFER_CMD: the inner command).
+    pub cmd: u32,
+    pub dev: u32,
+    /// The syscall's return value (the driver's own status is `status`).
+    pub ret: i32,
+    pub duration_ns: u64,
+    pub file: u64,
+    /// hRoot / hClient.
+    pub h_root: u32,
+    pub h_parent: u32,
+    /// The new, freed or mapped object.
+    pub h_object: u32,
+    pub h_class: u32,
+    /// NV_STATUS written back by the driver (0 = NV_OK, 0x51 = NV_ERR_NO_MEMORY).
+    pub status: u32,
+    /// RM_CONTROL's command.
+    pub ctrl_cmd: u32,
+    /// Bytes: NV_MEMORY_ALLOCATION_PARAMS.size for memory classes, limit + 1 for
+    /// RM_ALLOC_MEMORY, the length for RM_MAP_MEMORY.
+    pub size: u64,
+}
+
 /// Filler record of a typical size, written only by the benchmark program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -160,6 +257,9 @@ payloads!(
     ProcessExec,
     TaskExit,
     Reap,
+    GpuFd,
+    GpuCloseRange,
+    GpuIoctl,
     BenchTick
 );
 

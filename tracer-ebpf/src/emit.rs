@@ -25,6 +25,12 @@ pub fn is_tracked(tgid: u32) -> bool {
     unsafe { TRACKED.get(tgid).is_some() }
 }
 
+/// CLOCK_BOOTTIME, the clock of every record.
+pub fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_boot_ns() }
+}
+
 pub fn current_ids() -> (u32, u32) {
     let id = bpf_get_current_pid_tgid();
     ((id >> 32) as u32, id as u32)
@@ -48,7 +54,7 @@ pub fn emit<T: Payload>(fill: impl FnOnce(&mut T)) {
             kind: T::KIND as u16,
             size: core::mem::size_of::<Record<T>>() as u16,
             cpu: bpf_get_smp_processor_id(),
-            ts_ns: bpf_ktime_get_boot_ns(),
+            ts_ns: now_ns(),
             pid,
             tid,
         };

@@ -5,6 +5,8 @@
 mod bench;
 mod doctor;
 mod emit;
+mod files;
+mod ioctl;
 mod process;
 mod signal;
 mod task;

@@ -5,24 +5,32 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use tracer_common::{ProcessExec, ProcessFork, Reap, ReapHow, TaskExit};
+use tracer_common::{FdOp, ProcessExec, ProcessFork, Reap, ReapHow, TaskExit, FORK_FILES_SHARED};
 
 use crate::{
     emit::{emit, is_tracked, TRACKED},
+    files::{is_holder, walk, HOLDERS},
     task::Task,
 };
 
 /// tp_btf sched_process_fork(struct task_struct *parent, struct task_struct *child).
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
+    let parent = Task(ctx.arg::<*const u8>(0));
     let child = Task(ctx.arg::<*const u8>(1));
     let child_pid = child.tgid();
     // A new thread joins its creator's group; only new processes are recorded.
     if child_pid != child.pid() {
         return 0;
     }
+    if is_holder(parent.tgid()) {
+        // The child got a copy (or a share) of the parent's descriptors, GPU files included.
+        let _ = HOLDERS.insert(child_pid, 0, 0);
+    }
+    let shared = parent.files_ptr() == child.files_ptr();
     emit::<ProcessFork>(|e| {
         e.child_pid = child_pid;
+        e.flags = if shared { FORK_FILES_SHARED } else { 0 };
         e.comm = child.comm();
     });
     0
@@ -33,14 +41,25 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
 pub fn process_exec(ctx: BtfTracePointContext) -> i32 {
     let task = Task(ctx.arg::<*const u8>(0));
     emit::<ProcessExec>(|e| e.comm = task.comm());
+    if is_holder(task.tgid()) {
+        // Close-on-exec descriptors are gone by now: list what the new image still holds.
+        walk(task, FdOp::HeldAtExec);
+    }
     0
 }
 
 fn task_exit(task: Task, group_dead: bool) {
     // Every process's last thread is recorded (it keeps the process table right); other
     // threads only for processes under a fatal signal.
-    if !group_dead && !is_tracked(task.tgid()) {
+    let tgid = task.tgid();
+    if !group_dead && !is_tracked(tgid) {
         return;
+    }
+    if group_dead && is_holder(tgid) {
+        // The fd table is still intact here (exit_files runs later): what the group held
+        // when it died, and each file's references, tell who else keeps the memory.
+        walk(task, FdOp::HeldAtExit);
+        let _ = HOLDERS.remove(tgid);
     }
     emit::<TaskExit>(|e| {
         e.exit_code = task.exit_code();

@@ -13,17 +13,26 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     task_exit_code: 0,
     signal_nr_threads: 0,
     signal_live: 0,
+    task_files: 0,
+    files_fdt: 0,
+    fdtable_max_fds: 0,
+    fdtable_fd: 0,
+    fdtable_close_on_exec: 0,
+    file_inode: 0,
+    file_refcount: 0,
+    file_refcount_bias: 0,
+    inode_rdev: 0,
 };
 
 #[inline(always)]
-fn offsets() -> KernelOffsets {
+pub fn offsets() -> KernelOffsets {
     // SAFETY: a read-only global that user space fills before load; volatile keeps the
     // compiler from folding the zero initial values.
     unsafe { core::ptr::read_volatile(&OFFSETS) }
 }
 
 #[inline(always)]
-fn read<T: Copy + Default>(base: *const u8, off: u32) -> T {
+pub fn read<T: Copy + Default>(base: *const u8, off: u32) -> T {
     // SAFETY: bpf_probe_read_kernel validates the address; a failed read yields the default.
     unsafe { bpf_probe_read_kernel(base.add(off as usize) as *const T).unwrap_or_default() }
 }
@@ -57,4 +66,64 @@ impl Task {
     pub fn live_threads(self) -> u32 {
         read::<i32>(self.signal(), offsets().signal_live) as u32
     }
+}
+
+impl Task {
+    /// The task's fd table (`files->fdt`), or None for a task without files (a kernel thread,
+    /// or one past exit_files).
+    pub fn fdtable(self) -> Option<FdTable> {
+        let o = offsets();
+        let files = read::<u64>(self.0, o.task_files) as *const u8;
+        if files.is_null() {
+            return None;
+        }
+        let fdt = read::<u64>(files, o.files_fdt) as *const u8;
+        (!fdt.is_null()).then_some(FdTable(fdt))
+    }
+
+    pub fn files_ptr(self) -> u64 {
+        read::<u64>(self.0, offsets().task_files)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct FdTable(*const u8);
+
+impl FdTable {
+    pub fn max_fds(self) -> u32 {
+        read::<u32>(self.0, offsets().fdtable_max_fds)
+    }
+
+    /// The `struct file *` at `fd`, or 0.
+    pub fn file(self, fd: u32) -> u64 {
+        let fds = read::<u64>(self.0, offsets().fdtable_fd) as *const u8;
+        if fds.is_null() || fd >= self.max_fds() {
+            return 0;
+        }
+        read::<u64>(fds, fd.wrapping_mul(8))
+    }
+
+    pub fn cloexec(self, fd: u32) -> bool {
+        let bits = read::<u64>(self.0, offsets().fdtable_close_on_exec) as *const u8;
+        if bits.is_null() {
+            return false;
+        }
+        let word = read::<u64>(bits, (fd / 64).wrapping_mul(8));
+        word >> (fd % 64) & 1 != 0
+    }
+}
+
+/// A `struct file`'s device number (`f_inode->i_rdev`).
+pub fn file_dev(file: u64) -> u32 {
+    let o = offsets();
+    let inode = read::<u64>(file as *const u8, o.file_inode) as *const u8;
+    if inode.is_null() {
+        return 0;
+    }
+    read::<u32>(inode, o.inode_rdev)
+}
+
+pub fn file_refcount(file: u64) -> u64 {
+    let o = offsets();
+    (read::<i64>(file as *const u8, o.file_refcount) + o.file_refcount_bias as i64) as u64
 }

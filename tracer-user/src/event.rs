@@ -2,6 +2,30 @@
 
 use serde::{Deserialize, Serialize};
 
+/// What happened to a GPU file descriptor (see `tracer_common::FdOp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FdOp {
+    Open,
+    Dup,
+    Close,
+    HeldAtExit,
+    HeldAtExec,
+}
+
+impl From<tracer_common::FdOp> for FdOp {
+    fn from(op: tracer_common::FdOp) -> Self {
+        use tracer_common::FdOp as K;
+        match op {
+            K::Open => Self::Open,
+            K::Dup => Self::Dup,
+            K::Close => Self::Close,
+            K::HeldAtExit => Self::HeldAtExit,
+            K::HeldAtExec => Self::HeldAtExec,
+        }
+    }
+}
+
 /// One event: a kernel record, or something the collector itself observed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -36,6 +60,8 @@ pub enum EventData {
     },
     Fork {
         child_pid: u32,
+        /// The child shares the parent's fd table (CLONE_FILES) rather than a copy.
+        files_shared: bool,
         comm: String,
     },
     Exec {
@@ -51,6 +77,40 @@ pub enum EventData {
         /// The reaper waited for it (`true`), or the kernel freed it and the reaper is unknown.
         by_wait: bool,
         comm: String,
+    },
+    /// A descriptor of a GPU file in the event's process.
+    GpuFd {
+        op: FdOp,
+        fd: i32,
+        /// Kernel dev_t (major << 20 | minor).
+        dev: u32,
+        cloexec: bool,
+        /// A walk marker: descriptors past the walk's limit were not listed.
+        truncated: bool,
+        /// Kernel address of the open file: the identity its holders share.
+        file: u64,
+        refcount: u64,
+    },
+    GpuCloseRange {
+        first: u32,
+        last: u32,
+        flags: u32,
+    },
+    /// An ioctl on a GPU file, with the driver's parameters decoded where known.
+    GpuIoctl {
+        fd: i32,
+        cmd: u32,
+        dev: u32,
+        ret: i32,
+        duration_ns: u64,
+        file: u64,
+        h_root: u32,
+        h_parent: u32,
+        h_object: u32,
+        h_class: u32,
+        status: u32,
+        ctrl_cmd: u32,
+        size: u64,
     },
     BenchTick,
     /// The kernel dropped this many records because the ring buffer was full.

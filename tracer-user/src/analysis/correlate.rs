@@ -144,6 +144,9 @@ impl Correlator {
             }
             EventData::Fork { .. }
             | EventData::Exec { .. }
+            | EventData::GpuFd { .. }
+            | EventData::GpuCloseRange { .. }
+            | EventData::GpuIoctl { .. }
             | EventData::BenchTick
             | EventData::Loss { .. }
             | EventData::Tick => {}

@@ -28,9 +28,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pids: Vec::new(),
         comms: Vec::new(),
         signals: vec![9],
+        events: false,
         count: Some(1),
         survive_after: Duration::from_secs(1),
         ring_size: 1 << 20,
+        gpu_devices: Vec::new(),
     };
     // Attach first, so the child's whole life is seen.
     let probes = live::load(&live_args)?;

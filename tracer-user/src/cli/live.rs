@@ -1,6 +1,6 @@
 //! `linger live`: trace fatal signals until stopped.
 
-use std::{io::Write, ops::ControlFlow, time::Duration};
+use std::{io::Write, ops::ControlFlow, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use serde_json::json;
@@ -8,7 +8,7 @@ use tracer_user::{
     analysis::{signals, Correlator, CorrelatorConfig, Incident},
     clock::WallAnchor,
     event::EventData,
-    probe::{load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
+    probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
     sink::{json, text},
     source::{collect, kernel::KernelSource},
 };
@@ -33,12 +33,18 @@ pub struct Args {
     /// ABRT BUS FPE KILL SEGV TERM.
     #[arg(long = "signal", value_parser = parse_signal)]
     pub signals: Vec<u32>,
+    /// Also print every event as a JSON line (`{"type":"event",...}`), for digging deeper.
+    #[arg(long)]
+    pub events: bool,
     /// Stop after this many incidents.
     #[arg(long)]
     pub count: Option<usize>,
     /// A process still alive this long after a catchable signal survived it.
     #[arg(long, value_parser = duration::parse, default_value = "1s")]
     pub survive_after: Duration,
+    /// Treat this char device as a GPU file too (repeatable); the NVIDIA devices always are.
+    #[arg(long = "gpu-device", value_name = "PATH")]
+    pub gpu_devices: Vec<PathBuf>,
     /// Kernel ring buffer size in bytes (a power of two, at least 4096).
     #[arg(long, default_value_t = 1 << 22, value_parser = parse_ring_size)]
     pub ring_size: u32,
@@ -74,6 +80,7 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         ring_size: args.ring_size,
         fatal_signals,
         bench_pid: None,
+        gpu_devices: GpuDevices::discover(&args.gpu_devices)?,
     })?)
 }
 
@@ -98,6 +105,12 @@ pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Resul
         let source = collect::run(source, args.duration, |event| {
             if let EventData::Loss { count } = event.data {
                 if let Err(e) = report_loss(out, args.json, event.ts_ns, count) {
+                    failure = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+            if args.events {
+                if let Err(e) = json::write_line(out, &json!({"type": "event", "event": event})) {
                     failure = Some(e);
                     return ControlFlow::Break(());
                 }

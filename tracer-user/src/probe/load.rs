@@ -1,14 +1,14 @@
 //! Loads the tracer's programs with their globals and attaches them.
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 use log::debug;
 
-use super::{offsets, tracefs, EBPF_OBJECT};
+use super::{devices::GpuDevices, offsets, tracefs, EBPF_OBJECT};
 use crate::error::{Error, Result};
 
 /// Signals that open an incident by default: the ones that kill a process unless handled,
@@ -46,6 +46,8 @@ pub struct ProbeConfig {
     pub fatal_signals: Vec<i32>,
     /// Attach the ring buffer throughput benchmark for this pid.
     pub bench_pid: Option<u32>,
+    /// Which char devices count as GPU files.
+    pub gpu_devices: GpuDevices,
 }
 
 impl Default for ProbeConfig {
@@ -54,6 +56,7 @@ impl Default for ProbeConfig {
             ring_size: 1 << 22,
             fatal_signals: DEFAULT_FATAL_SIGNALS.to_vec(),
             bench_pid: None,
+            gpu_devices: GpuDevices::default(),
         }
     }
 }
@@ -110,6 +113,28 @@ impl Probes {
         }
         probes.attach_tracepoint("signal_deliver", "signal", "signal_deliver")?;
         probes.attach_tracepoint("wait4_exit", "syscalls", "sys_exit_wait4")?;
+        probes.fill_gpu_devices(&config.gpu_devices)?;
+        for (program, syscalls) in [
+            (
+                "fd_installed",
+                &[
+                    "sys_exit_open",
+                    "sys_exit_openat",
+                    "sys_exit_openat2",
+                    "sys_exit_dup",
+                    "sys_exit_dup2",
+                    "sys_exit_dup3",
+                ][..],
+            ),
+            ("fcntl_enter", &["sys_enter_fcntl"]),
+            ("fcntl_exit", &["sys_exit_fcntl"]),
+            ("fd_close", &["sys_enter_close"]),
+            ("fd_close_range", &["sys_enter_close_range"]),
+            ("ioctl_enter", &["sys_enter_ioctl"]),
+            ("ioctl_exit", &["sys_exit_ioctl"]),
+        ] {
+            probes.attach_syscalls(program, syscalls)?;
+        }
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }
@@ -131,6 +156,78 @@ impl Probes {
             program: format!("{program} (tp_btf/{tracepoint})"),
             reason,
         })
+    }
+
+    /// Attaches one program to several syscall tracepoints; those this kernel lacks (open on
+    /// architectures without it, openat2 before 5.6) are skipped.
+    fn attach_syscalls(&mut self, program: &str, names: &[&str]) -> Result<()> {
+        let p: &mut TracePoint = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| Error::Load(format!("{program} missing from the object")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| Error::Load(e.to_string()))?;
+        p.load().map_err(|e| Error::Attach {
+            program: program.into(),
+            reason: e.to_string(),
+        })?;
+        let mut attached = 0;
+        for name in names {
+            if !tracefs::has_event("syscalls", name) {
+                debug!("{program}: no tracepoint syscalls/{name} on this kernel");
+                continue;
+            }
+            p.attach("syscalls", name).map_err(|e| Error::Attach {
+                program: format!("{program} (tracepoint/syscalls/{name})"),
+                reason: e.to_string(),
+            })?;
+            attached += 1;
+        }
+        if attached == 0 {
+            return Err(Error::Attach {
+                program: program.into(),
+                reason: format!("none of {} exists", names.join(", ")),
+            });
+        }
+        Ok(())
+    }
+
+    /// Tells the programs which devices are GPU files, and who held them before we started.
+    fn fill_gpu_devices(&mut self, devices: &GpuDevices) -> Result<()> {
+        let mut majors: HashMap<_, u32, u8> = self.map_mut("GPU_MAJORS")?;
+        for &major in &devices.majors {
+            majors
+                .insert(major, 1, 0)
+                .map_err(|e| Error::Load(e.to_string()))?;
+        }
+        let mut devs: HashMap<_, u32, u8> = self.map_mut("GPU_DEVS")?;
+        for &dev in &devices.devs {
+            devs.insert(dev, 1, 0)
+                .map_err(|e| Error::Load(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Marks processes found holding GPU files before tracing began.
+    pub fn add_holders(&mut self, pids: impl IntoIterator<Item = u32>) -> Result<()> {
+        let mut holders: HashMap<_, u32, u8> = self.map_mut("HOLDERS")?;
+        for pid in pids {
+            holders
+                .insert(pid, 1, 0)
+                .map_err(|e| Error::Load(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn map_mut<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &str,
+    ) -> Result<HashMap<&mut MapData, K, V>> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| Error::Load(format!("map {name} missing")))?;
+        HashMap::try_from(map).map_err(|e| Error::Load(e.to_string()))
     }
 
     fn attach_tracepoint(&mut self, program: &str, category: &str, name: &str) -> Result<()> {

@@ -1,5 +1,6 @@
 //! Loading and attaching the eBPF programs, and probing what the kernel allows.
 
+pub mod devices;
 pub mod doctor;
 pub mod load;
 pub mod offsets;

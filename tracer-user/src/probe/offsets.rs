@@ -12,6 +12,11 @@ pub fn load_vmlinux() -> Result<Btf> {
 }
 
 pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
+    // 6.13 replaced `atomic_long_t f_count` with `file_ref_t f_ref`, which stores count - 1.
+    let (file_refcount, file_refcount_bias) = match member_offset(btf, "file", "f_ref") {
+        Ok(off) => (off, 1),
+        Err(_) => (member_offset(btf, "file", "f_count")?, 0),
+    };
     Ok(KernelOffsets {
         task_pid: member_offset(btf, "task_struct", "pid")?,
         task_tgid: member_offset(btf, "task_struct", "tgid")?,
@@ -21,6 +26,15 @@ pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
         task_exit_code: member_offset(btf, "task_struct", "exit_code")?,
         signal_nr_threads: member_offset(btf, "signal_struct", "nr_threads")?,
         signal_live: member_offset(btf, "signal_struct", "live")?,
+        task_files: member_offset(btf, "task_struct", "files")?,
+        files_fdt: member_offset(btf, "files_struct", "fdt")?,
+        fdtable_max_fds: member_offset(btf, "fdtable", "max_fds")?,
+        fdtable_fd: member_offset(btf, "fdtable", "fd")?,
+        fdtable_close_on_exec: member_offset(btf, "fdtable", "close_on_exec")?,
+        file_inode: member_offset(btf, "file", "f_inode")?,
+        file_refcount,
+        file_refcount_bias,
+        inode_rdev: member_offset(btf, "inode", "i_rdev")?,
     })
 }
 

@@ -27,6 +27,17 @@ pub fn ensure_mounted() -> Result<()> {
     .map_err(|e| Error::Mount(format!("mounting tracefs at {TRACEFS} failed: {e}")))
 }
 
+/// Whether tracepoint `category/name` exists (tracefs must be mounted).
+pub fn has_event(category: &str, name: &str) -> bool {
+    [TRACEFS, DEBUGFS_TRACING].iter().any(|root| {
+        Path::new(root)
+            .join("events")
+            .join(category)
+            .join(name)
+            .exists()
+    })
+}
+
 const SECURITYFS: &str = "/sys/kernel/security";
 
 /// Mounts securityfs at /sys/kernel/security unless something is already there.

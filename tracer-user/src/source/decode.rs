@@ -4,7 +4,9 @@
 //! decoding needs no unsafe code and never trusts a record's size beyond its bytes.
 
 use bytes::Buf;
-use tracer_common::{Header, Kind, ReapHow, COMM_LEN};
+use tracer_common::{
+    FdOp, Header, Kind, ReapHow, COMM_LEN, FD_CLOEXEC, FD_WALK_TRUNCATED, FORK_FILES_SHARED,
+};
 
 use crate::event::{Event, EventData};
 
@@ -16,6 +18,8 @@ pub enum DecodeError {
     Truncated { kind: u16, need: usize, have: usize },
     #[error("unknown record kind {0}")]
     UnknownKind(u16),
+    #[error("{0} has the invalid value {1}")]
+    BadField(&'static str, u32),
 }
 
 pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
@@ -67,14 +71,11 @@ pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
             handler: buf.get_u64_le(),
             sa_flags: buf.get_u64_le(),
         },
-        Kind::ProcessFork => {
-            let child_pid = buf.get_u32_le();
-            buf.advance(4);
-            EventData::Fork {
-                child_pid,
-                comm: comm(&mut buf),
-            }
-        }
+        Kind::ProcessFork => EventData::Fork {
+            child_pid: buf.get_u32_le(),
+            files_shared: buf.get_u32_le() & FORK_FILES_SHARED != 0,
+            comm: comm(&mut buf),
+        },
         Kind::ProcessExec => EventData::Exec {
             comm: comm(&mut buf),
         },
@@ -87,6 +88,42 @@ pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
             reaped_pid: buf.get_u32_le(),
             by_wait: buf.get_u32_le() == ReapHow::Wait as u32,
             comm: comm(&mut buf),
+        },
+        Kind::GpuFd => {
+            let op = buf.get_u32_le();
+            let op = FdOp::from_u32(op).ok_or(DecodeError::BadField("GpuFd.op", op))?;
+            let fd = buf.get_i32_le();
+            let dev = buf.get_u32_le();
+            let flags = buf.get_u32_le();
+            EventData::GpuFd {
+                op: op.into(),
+                fd,
+                dev,
+                cloexec: flags & FD_CLOEXEC != 0,
+                truncated: flags & FD_WALK_TRUNCATED != 0,
+                file: buf.get_u64_le(),
+                refcount: buf.get_u64_le(),
+            }
+        }
+        Kind::GpuCloseRange => EventData::GpuCloseRange {
+            first: buf.get_u32_le(),
+            last: buf.get_u32_le(),
+            flags: buf.get_u32_le(),
+        },
+        Kind::GpuIoctl => EventData::GpuIoctl {
+            fd: buf.get_i32_le(),
+            cmd: buf.get_u32_le(),
+            dev: buf.get_u32_le(),
+            ret: buf.get_i32_le(),
+            duration_ns: buf.get_u64_le(),
+            file: buf.get_u64_le(),
+            h_root: buf.get_u32_le(),
+            h_parent: buf.get_u32_le(),
+            h_object: buf.get_u32_le(),
+            h_class: buf.get_u32_le(),
+            status: buf.get_u32_le(),
+            ctrl_cmd: buf.get_u32_le(),
+            size: buf.get_u64_le(),
         },
         Kind::BenchTick => EventData::BenchTick,
     };
@@ -109,6 +146,9 @@ fn payload_len(kind: Kind) -> usize {
         Kind::ProcessExec => size_of::<c::ProcessExec>(),
         Kind::TaskExit => size_of::<c::TaskExit>(),
         Kind::Reap => size_of::<c::Reap>(),
+        Kind::GpuFd => size_of::<c::GpuFd>(),
+        Kind::GpuCloseRange => size_of::<c::GpuCloseRange>(),
+        Kind::GpuIoctl => size_of::<c::GpuIoctl>(),
         Kind::BenchTick => size_of::<c::BenchTick>(),
     }
 }

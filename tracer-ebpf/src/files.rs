@@ -1,0 +1,208 @@
+//! Who holds GPU device files: opens, dups, closes, inheritance at fork, what survives exec, and
+//! what each dying process still held.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_task,
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
+use tracer_common::{FdOp, GpuCloseRange, GpuFd, FD_CLOEXEC, FD_WALK_TRUNCATED};
+
+use crate::{
+    emit::{current_ids, emit},
+    task::{file_dev, file_refcount, FdTable, Task},
+};
+
+/// Char majors whose every minor is a GPU file (nvidia, nvidia-uvm, nvidia-caps). Filled by
+/// user space from /proc/devices.
+#[map]
+pub static GPU_MAJORS: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
+
+/// Single devices (kernel dev_t) declared GPU files with `--gpu-device`.
+#[map]
+pub static GPU_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+
+/// Processes that hold (or held) a GPU file: the early filter of the ioctl, close and exit
+/// programs. Kernel-maintained, seeded by user space with the holders found at start.
+#[map]
+pub static HOLDERS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// Threads inside fcntl(F_DUPFD / F_DUPFD_CLOEXEC).
+#[map]
+static FCNTL_DUP: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Descriptors a process-exit or exec walk looks at; higher ones are not listed (flagged).
+const WALK_MAX_FDS: u32 = 256;
+
+const NR_OPEN: i32 = 2;
+const NR_OPENAT: i32 = 257;
+const NR_OPENAT2: i32 = 437;
+const F_DUPFD: u64 = 0;
+const F_DUPFD_CLOEXEC: u64 = 1030;
+
+pub fn is_gpu_dev(dev: u32) -> bool {
+    // SAFETY: values are plain bytes, not held beyond the lookup.
+    unsafe { GPU_DEVS.get(dev).is_some() || GPU_MAJORS.get(dev >> 20).is_some() }
+}
+
+pub fn is_holder(tgid: u32) -> bool {
+    // SAFETY: as above.
+    unsafe { HOLDERS.get(tgid).is_some() }
+}
+
+pub fn current() -> Task {
+    // SAFETY: the running task is valid for the program's run.
+    Task(unsafe { bpf_get_current_task() } as *const u8)
+}
+
+/// The GPU file at `fd` of the current process: (file, dev).
+pub fn gpu_file_at(fd: u32) -> Option<(FdTable, u64, u32)> {
+    let fdt = current().fdtable()?;
+    let file = fdt.file(fd);
+    if file == 0 {
+        return None;
+    }
+    let dev = file_dev(file);
+    is_gpu_dev(dev).then_some((fdt, file, dev))
+}
+
+fn emit_fd(op: FdOp, fd: u32, fdt: FdTable, file: u64, dev: u32, extra_flags: u32) {
+    emit::<GpuFd>(|e| {
+        e.op = op as u32;
+        e.fd = fd as i32;
+        e.dev = dev;
+        e.flags = extra_flags | if fdt.cloexec(fd) { FD_CLOEXEC } else { 0 };
+        e.file = file;
+        e.refcount = file_refcount(file);
+    });
+}
+
+/// Exit of open/openat/openat2/dup/dup2/dup3: `ret` is a new descriptor; record it when it is a
+/// GPU file. Format: __syscall_nr@8, ret@16.
+#[tracepoint]
+pub fn fd_installed(ctx: TracePointContext) -> u32 {
+    // SAFETY: offsets of the stable sys_exit format.
+    let (nr, ret) = unsafe {
+        (
+            ctx.read_at::<i32>(8).unwrap_or(-1),
+            ctx.read_at::<i64>(16).unwrap_or(-1),
+        )
+    };
+    if ret < 0 {
+        return 0;
+    }
+    let op = if matches!(nr, NR_OPEN | NR_OPENAT | NR_OPENAT2) {
+        FdOp::Open
+    } else {
+        FdOp::Dup
+    };
+    installed(op, ret as u32);
+    0
+}
+
+fn installed(op: FdOp, fd: u32) {
+    if let Some((fdt, file, dev)) = gpu_file_at(fd) {
+        let _ = HOLDERS.insert(current_ids().0, 0, 0);
+        emit_fd(op, fd, fdt, file, dev, 0);
+    }
+}
+
+/// sys_enter_fcntl: fd@16, cmd@24. Remembers the dup commands for the exit.
+#[tracepoint]
+pub fn fcntl_enter(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_holder(tgid) {
+        return 0;
+    }
+    // SAFETY: offset of `cmd` in the stable sys_enter_fcntl format.
+    let cmd = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(u64::MAX);
+    if cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC {
+        let _ = FCNTL_DUP.insert(tid, 0, 0);
+    }
+    0
+}
+
+/// sys_exit_fcntl: ret@16 is the new descriptor of a dup command.
+#[tracepoint]
+pub fn fcntl_exit(ctx: TracePointContext) -> u32 {
+    let (_, tid) = current_ids();
+    // SAFETY: plain byte value.
+    if unsafe { FCNTL_DUP.get(tid) }.is_none() {
+        return 0;
+    }
+    let _ = FCNTL_DUP.remove(tid);
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    if ret >= 0 {
+        installed(FdOp::Dup, ret as u32);
+    }
+    0
+}
+
+/// sys_enter_close: fd@16. Recorded before the descriptor goes.
+#[tracepoint]
+pub fn fd_close(ctx: TracePointContext) -> u32 {
+    if !is_holder(current_ids().0) {
+        return 0;
+    }
+    // SAFETY: offset of `fd` in the stable sys_enter_close format.
+    let fd = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(u64::MAX);
+    if fd > u32::MAX as u64 {
+        return 0;
+    }
+    if let Some((fdt, file, dev)) = gpu_file_at(fd as u32) {
+        emit_fd(FdOp::Close, fd as u32, fdt, file, dev, 0);
+    }
+    0
+}
+
+/// sys_enter_close_range: fd@16, max_fd@24, flags@32.
+#[tracepoint]
+pub fn fd_close_range(ctx: TracePointContext) -> u32 {
+    if !is_holder(current_ids().0) {
+        return 0;
+    }
+    // SAFETY: offsets of the stable sys_enter_close_range format.
+    let (first, last, flags) = unsafe {
+        (
+            ctx.read_at::<u64>(16).unwrap_or(0),
+            ctx.read_at::<u64>(24).unwrap_or(0),
+            ctx.read_at::<u64>(32).unwrap_or(0),
+        )
+    };
+    emit::<GpuCloseRange>(|e| {
+        e.first = first as u32;
+        e.last = last.min(u32::MAX as u64) as u32;
+        e.flags = flags as u32;
+    });
+    0
+}
+
+/// Lists the GPU descriptors of `task` (the current task) as `op` records.
+pub fn walk(task: Task, op: FdOp) {
+    let Some(fdt) = task.fdtable() else {
+        return;
+    };
+    let max = fdt.max_fds();
+    for fd in 0..WALK_MAX_FDS {
+        if fd >= max {
+            return;
+        }
+        let file = fdt.file(fd);
+        if file != 0 {
+            let dev = file_dev(file);
+            if is_gpu_dev(dev) {
+                emit_fd(op, fd, fdt, file, dev, 0);
+            }
+        }
+    }
+    if max > WALK_MAX_FDS {
+        // A marker so user space knows the listing may be incomplete.
+        emit::<GpuFd>(|e| {
+            e.op = op as u32;
+            e.fd = -1;
+            e.flags = FD_WALK_TRUNCATED;
+        });
+    }
+}

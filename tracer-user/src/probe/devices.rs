@@ -1,0 +1,98 @@
+//! Which char devices are GPU files: the NVIDIA majors from /proc/devices, plus any device the
+//! user names with `--gpu-device`.
+
+use std::{fs, os::unix::fs::FileTypeExt, os::unix::fs::MetadataExt, path::Path};
+
+use tracer_common::driver::mkdev;
+
+use crate::error::{Error, Result};
+
+/// Names in /proc/devices whose every minor is a GPU file.
+const NVIDIA_DRIVERS: &[&str] = &[
+    "nvidia",
+    "nvidiactl",
+    "nvidia-uvm",
+    "nvidia-caps",
+    "nvidia-modeset",
+];
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuDevices {
+    /// Char majors (every minor counts).
+    pub majors: Vec<u32>,
+    /// Single devices, kernel dev_t encoding.
+    pub devs: Vec<u32>,
+}
+
+impl GpuDevices {
+    /// The NVIDIA majors registered now, plus `extra` device paths.
+    pub fn discover(extra: &[impl AsRef<Path>]) -> Result<Self> {
+        let text = fs::read_to_string("/proc/devices")?;
+        let mut devices = Self {
+            majors: nvidia_majors(&text),
+            devs: Vec::new(),
+        };
+        for path in extra {
+            devices.devs.push(char_device(path.as_ref())?);
+        }
+        Ok(devices)
+    }
+
+    pub fn is_gpu(&self, dev: u32) -> bool {
+        self.devs.contains(&dev) || self.majors.contains(&(dev >> 20))
+    }
+}
+
+/// The char majors of the NVIDIA drivers in a /proc/devices listing.
+pub fn nvidia_majors(proc_devices: &str) -> Vec<u32> {
+    let chars = proc_devices
+        .split("Block devices:")
+        .next()
+        .unwrap_or_default();
+    let mut majors: Vec<u32> = chars
+        .lines()
+        .filter_map(|l| {
+            let (major, name) = l.trim().split_once(' ')?;
+            NVIDIA_DRIVERS
+                .contains(&name.trim())
+                .then(|| major.parse().ok())
+                .flatten()
+        })
+        .collect();
+    majors.sort_unstable();
+    majors.dedup();
+    majors
+}
+
+/// The kernel dev_t of a char device node.
+pub fn char_device(path: &Path) -> Result<u32> {
+    let meta = fs::metadata(path)?;
+    if !meta.file_type().is_char_device() {
+        return Err(Error::Load(format!(
+            "--gpu-device {}: not a character device",
+            path.display()
+        )));
+    }
+    let rdev = meta.rdev();
+    Ok(mkdev(
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majors_from_the_h200_listing() {
+        // /proc/devices as recorded on the H200 (tests/data/h200/gpu-facts.txt).
+        let facts = include_str!("../../../tests/data/h200/gpu-facts.txt");
+        let listing = facts
+            .split("== /proc/devices\n")
+            .nth(1)
+            .and_then(|s| s.split("\n== ").next())
+            .expect("the recording has a /proc/devices section");
+        assert_eq!(nvidia_majors(listing), vec![195, 238, 241]);
+    }
+}
