@@ -113,10 +113,60 @@ pub enum EventData {
         size: u64,
     },
     BenchTick,
+    /// Which char devices are GPU files (written once at start).
+    GpuDevices {
+        majors: Vec<u32>,
+        devs: Vec<u32>,
+    },
+    /// A GPU file descriptor held when tracing began. Descriptors of the same open file share
+    /// `group` (found with kcmp); the kernel address is learnt from later kernel records.
+    SnapshotFd {
+        holder: u32,
+        fd: i32,
+        dev: u32,
+        cloexec: bool,
+        group: u64,
+    },
+    /// What /proc said about a process while it was alive.
+    ProcInfo(ProcInfo),
+    /// One NVML reading of every GPU.
+    Nvml {
+        gpus: Vec<NvmlGpu>,
+    },
     /// The kernel dropped this many records because the ring buffer was full.
     Loss {
         count: u64,
     },
     /// The collector's clock advanced: lets time-based decisions replay exactly.
     Tick,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: String,
+    /// The cgroup v2 path (or the first hierarchy's), which names the container.
+    pub cgroup: String,
+    /// The pid in the process's own pid namespace, when it differs.
+    pub ns_pid: Option<u32>,
+    /// Start time in clock ticks after boot (/proc/PID/stat field 22).
+    pub start_ticks: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlGpu {
+    pub index: u32,
+    pub used: u64,
+    pub total: u64,
+    /// Compute and graphics processes with their memory, as NVML reports them (host pids).
+    pub processes: Vec<NvmlProcess>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlProcess {
+    pub pid: u32,
+    /// None when NVML cannot tell (some modes hide per-process usage).
+    pub used: Option<u64>,
 }

@@ -3,7 +3,11 @@
 
 use serde::Serialize;
 
-use super::signals::Origin;
+use super::{
+    holders::{HeldFile, Holder},
+    ledger::{Bytes, ClassTotal},
+    signals::Origin,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Incident {
@@ -33,6 +37,32 @@ pub struct Incident {
     pub t_reaped_ns: Option<u64>,
     pub reaper: Option<Reaper>,
     pub outcome: Outcome,
+    /// The GPU side, when the process held GPU files.
+    pub gpu: Option<GpuImpact>,
+    /// Other processes holding the target's GPU files when its group died.
+    pub holders: Vec<Holder>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuImpact {
+    /// Physical video memory the driver gave the target's clients (decoded RM ioctls seen
+    /// while tracing; allocations made before tracing began are not counted).
+    pub bytes_ledger: u64,
+    /// The ledger by kind of memory.
+    pub ledger: Bytes,
+    /// The ledger by memory class.
+    pub classes: Vec<ClassTotal>,
+    /// What NVML reported for the target's pid just before the signal; null without NVML.
+    pub bytes_nvml: Option<u64>,
+    /// NVML's `used` on the target's GPUs just before the signal.
+    pub nvml_used_before: Option<u64>,
+    /// When NVML stopped listing the target's pid (its memory was back); null while lingering
+    /// or without NVML.
+    pub t_memory_back_ns: Option<u64>,
+    /// When no traced process held any of the target's GPU files any more.
+    pub t_files_released_ns: Option<u64>,
+    /// GPU descriptors the target held when its group died, with each file's references.
+    pub files: Vec<HeldFile>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -1,7 +1,9 @@
 //! From events to incidents.
 
 pub mod correlate;
+pub mod holders;
 pub mod incident;
+pub mod ledger;
 pub mod signals;
 
 pub use correlate::{Correlator, CorrelatorConfig};

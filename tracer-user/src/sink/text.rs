@@ -3,7 +3,10 @@
 use std::fmt::Write as _;
 
 use crate::{
-    analysis::incident::{Incident, Outcome, ReapHow},
+    analysis::{
+        holders::How,
+        incident::{GpuImpact, Incident, Outcome, ReapHow},
+    },
     clock::WallAnchor,
 };
 
@@ -33,7 +36,13 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
     // A thread can leave the group's live count before another one's exit tracepoint fires,
     // so "all exited" is the latest exit seen, which may come after the group-dead one.
     if let Some(dead) = inc.t_group_dead_ns {
-        let dead = inc.exits.iter().map(|x| x.t_ns).max().unwrap_or(dead).max(dead);
+        let dead = inc
+            .exits
+            .iter()
+            .map(|x| x.t_ns)
+            .max()
+            .unwrap_or(dead)
+            .max(dead);
         let how = match &inc.exit {
             Some(e) if e.signal.is_some() => String::new(),
             Some(e) => format!(" (exit status {})", e.status.unwrap_or(0)),
@@ -71,7 +80,70 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
         steps.push(format!("{} more fatal signal(s) meanwhile", inc.repeats));
     }
     let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
+    if let Some(gpu) = &inc.gpu {
+        render_gpu(&mut s, inc, gpu, anchor);
+    }
     s
+}
+
+fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnchor) {
+    let nvml = match gpu.bytes_nvml {
+        Some(b) => format!("NVML {}", gib(b)),
+        None => "no NVML".into(),
+    };
+    let _ = writeln!(
+        s,
+        "{INDENT}GPU  {} (ledger {} B video; {nvml}) in {} GPU file descriptor(s)",
+        gib(gpu.bytes_ledger.max(gpu.bytes_nvml.unwrap_or(0))),
+        gpu.bytes_ledger,
+        gpu.files.len(),
+    );
+    let mut steps = Vec::new();
+    if let Some(t) = gpu.t_memory_back_ns {
+        steps.push(format!("memory back at +{}", ms(inc.ms_after_signal(t))));
+    }
+    if let Some(t) = gpu.t_files_released_ns {
+        steps.push(format!(
+            "GPU files released at +{}",
+            ms(inc.ms_after_signal(t))
+        ));
+    }
+    if gpu.t_memory_back_ns.is_none() && inc.t_group_dead_ns.is_some() {
+        steps.push(if inc.holders.is_empty() {
+            "memory not seen back yet".to_string()
+        } else {
+            "memory still in use: other processes hold its GPU files".to_string()
+        });
+    }
+    if !steps.is_empty() {
+        let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
+    }
+    for h in &inc.holders {
+        let how = match h.how {
+            How::Fork { from, t_ns } => {
+                format!("forked from {from} at {}", anchor.format_local(t_ns))
+            }
+            How::Snapshot => "held before tracing began".into(),
+            How::Open { .. } | How::Dup { .. } | How::Seen { .. } => {
+                "holds the same open file".into()
+            }
+        };
+        let _ = writeln!(
+            s,
+            "{INDENT}holder {}[{}] ({how}, ppid now {}) — fds {:?}",
+            h.comm, h.pid, h.ppid, h.fds
+        );
+    }
+}
+
+/// Bytes as GiB with one decimal (MiB below 1 GiB).
+fn gib(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if bytes as f64 >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 fn ms(v: f64) -> String {

@@ -1,0 +1,293 @@
+//! Who holds which GPU file, kept up to date from the event stream.
+//!
+//! An open GPU file is identified by the kernel address of its `struct file`, which every
+//! descriptor of that open shares, in whichever process. Descriptors held before tracing began
+//! come from a /proc snapshot, grouped by kcmp, and get the kernel address as soon as a kernel
+//! record names one of them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::event::{Event, EventData, FdOp, ProcInfo};
+
+/// Kernel address of a `struct file`, or a snapshot group id until that address is known.
+pub type FileId = u64;
+
+/// Snapshot group ids live below this; kernel addresses are far above.
+const SNAPSHOT_ID_LIMIT: u64 = 1 << 32;
+
+/// How a process came to hold a descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "how", rename_all = "snake_case")]
+pub enum How {
+    /// It opened the device.
+    Open { t_ns: u64 },
+    /// dup/dup2/dup3/fcntl of one of its own descriptors.
+    Dup { t_ns: u64 },
+    /// Inherited from `from` when it forked (copied descriptor table).
+    Fork { from: u32, t_ns: u64 },
+    /// Held when tracing began; origin unknown.
+    Snapshot,
+    /// Seen only in a walk of its table (e.g. received over a unix socket).
+    Seen { t_ns: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct Fd {
+    pub file: FileId,
+    pub dev: u32,
+    pub cloexec: bool,
+    pub how: How,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Process {
+    pub comm: String,
+    pub ppid: u32,
+    pub info: Option<ProcInfo>,
+    pub fds: BTreeMap<i32, Fd>,
+}
+
+/// A GPU descriptor a process held when its group died.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldFile {
+    pub fd: i32,
+    pub file: FileId,
+    pub dev: u32,
+    pub refcount: u64,
+}
+
+/// Another process holding a dead process's GPU file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub comm: String,
+    pub ppid: u32,
+    pub fds: Vec<i32>,
+    #[serde(flatten)]
+    pub how: How,
+}
+
+#[derive(Default)]
+pub struct Holders {
+    procs: HashMap<u32, Process>,
+    /// Descriptors listed by the exit walk, waiting for the group-dead record.
+    dying: HashMap<u32, Vec<HeldFile>>,
+}
+
+impl Holders {
+    pub fn on_event(&mut self, e: &Event) {
+        match &e.data {
+            EventData::Fork {
+                child_pid,
+                files_shared: _,
+                comm,
+            } => {
+                // A copied table holds the same files; a shared one (CLONE_FILES) too, and
+                // both then change together, which this approximates by copying.
+                let fds = self
+                    .procs
+                    .get(&e.pid)
+                    .map(|p| p.fds.clone())
+                    .unwrap_or_default();
+                let fds = fds
+                    .into_iter()
+                    .map(|(n, fd)| {
+                        let how = How::Fork {
+                            from: e.pid,
+                            t_ns: e.ts_ns,
+                        };
+                        (n, Fd { how, ..fd })
+                    })
+                    .collect();
+                self.procs.insert(
+                    *child_pid,
+                    Process {
+                        comm: comm.clone(),
+                        ppid: e.pid,
+                        info: None,
+                        fds,
+                    },
+                );
+            }
+            EventData::Exec { comm } => {
+                let p = self.procs.entry(e.pid).or_default();
+                p.comm = comm.clone();
+                p.fds.retain(|_, fd| !fd.cloexec);
+            }
+            EventData::GpuFd {
+                op,
+                fd,
+                dev,
+                cloexec,
+                truncated,
+                file,
+                refcount,
+            } => {
+                if *truncated {
+                    return;
+                }
+                let file = self.learn(e.pid, *fd, *file);
+                let how = match op {
+                    FdOp::Open => How::Open { t_ns: e.ts_ns },
+                    FdOp::Dup => How::Dup { t_ns: e.ts_ns },
+                    _ => How::Seen { t_ns: e.ts_ns },
+                };
+                match op {
+                    FdOp::Open | FdOp::Dup | FdOp::HeldAtExec => {
+                        let p = self.procs.entry(e.pid).or_default();
+                        let keep = p
+                            .fds
+                            .get(fd)
+                            .filter(|old| old.file == file)
+                            .map(|old| old.how);
+                        p.fds.insert(
+                            *fd,
+                            Fd {
+                                file,
+                                dev: *dev,
+                                cloexec: *cloexec,
+                                how: keep.unwrap_or(how),
+                            },
+                        );
+                    }
+                    FdOp::Close => {
+                        if let Some(p) = self.procs.get_mut(&e.pid) {
+                            p.fds.remove(fd);
+                        }
+                    }
+                    FdOp::HeldAtExit => self.dying.entry(e.pid).or_default().push(HeldFile {
+                        fd: *fd,
+                        file,
+                        dev: *dev,
+                        refcount: *refcount,
+                    }),
+                }
+            }
+            EventData::GpuCloseRange { first, last, flags } => {
+                const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+                if let Some(p) = self.procs.get_mut(&e.pid) {
+                    let range = (*first as i64)..=(*last as i64);
+                    for (n, fd) in p.fds.iter_mut() {
+                        if range.contains(&(*n as i64)) && flags & CLOSE_RANGE_CLOEXEC != 0 {
+                            fd.cloexec = true;
+                        }
+                    }
+                    if flags & CLOSE_RANGE_CLOEXEC == 0 {
+                        p.fds.retain(|n, _| !range.contains(&(*n as i64)));
+                    }
+                }
+            }
+            EventData::SnapshotFd {
+                holder,
+                fd,
+                dev,
+                cloexec,
+                group,
+            } => {
+                self.procs.entry(*holder).or_default().fds.insert(
+                    *fd,
+                    Fd {
+                        file: *group,
+                        dev: *dev,
+                        cloexec: *cloexec,
+                        how: How::Snapshot,
+                    },
+                );
+            }
+            EventData::ProcInfo(info) => {
+                let p = self.procs.entry(info.pid).or_default();
+                p.comm = info.comm.clone();
+                p.ppid = info.ppid;
+                p.info = Some(info.clone());
+            }
+            _ => {}
+        }
+    }
+
+    /// The group of `pid` died: returns what it held (from the exit walk, else from the table)
+    /// and forgets the process.
+    pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
+        let proc = self.procs.remove(&pid);
+        match self.dying.remove(&pid) {
+            Some(walk) => walk,
+            None => proc
+                .map(|p| {
+                    p.fds
+                        .into_iter()
+                        .map(|(fd, f)| HeldFile {
+                            fd,
+                            file: f.file,
+                            dev: f.dev,
+                            refcount: 0,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    pub fn holds_gpu_files(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| !p.fds.is_empty())
+    }
+
+    pub fn process(&self, pid: u32) -> Option<&Process> {
+        self.procs.get(&pid)
+    }
+
+    /// Live processes other than `except` that hold any of `files`.
+    pub fn holders_of(&self, files: &[FileId], except: u32) -> Vec<Holder> {
+        let mut out: Vec<Holder> = self
+            .procs
+            .iter()
+            .filter(|(&pid, _)| pid != except)
+            .filter_map(|(&pid, p)| {
+                let held: Vec<(&i32, &Fd)> = p
+                    .fds
+                    .iter()
+                    .filter(|(_, fd)| files.contains(&fd.file))
+                    .collect();
+                let (_, first) = held.first()?;
+                Some(Holder {
+                    pid,
+                    comm: p.comm.clone(),
+                    ppid: p.ppid,
+                    fds: held.iter().map(|(n, _)| **n).collect(),
+                    how: first.how,
+                })
+            })
+            .collect();
+        out.sort_by_key(|h| h.pid);
+        out
+    }
+
+    /// Every process holding GPU files now, with its descriptors.
+    pub fn all(&self) -> impl Iterator<Item = (u32, &Process)> {
+        self.procs
+            .iter()
+            .filter(|(_, p)| !p.fds.is_empty())
+            .map(|(&pid, p)| (pid, p))
+    }
+
+    /// Replaces a snapshot group id by the kernel address a kernel record gave for `pid`'s
+    /// `fd`, everywhere; returns the id to use.
+    fn learn(&mut self, pid: u32, fd: i32, file: FileId) -> FileId {
+        let group = self
+            .procs
+            .get(&pid)
+            .and_then(|p| p.fds.get(&fd))
+            .map(|f| f.file)
+            .filter(|&id| id < SNAPSHOT_ID_LIMIT);
+        if let Some(group) = group {
+            for p in self.procs.values_mut() {
+                for f in p.fds.values_mut() {
+                    if f.file == group {
+                        f.file = file;
+                    }
+                }
+            }
+        }
+        file
+    }
+}

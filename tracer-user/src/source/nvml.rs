@@ -1,0 +1,159 @@
+//! The NVML sampler: GPU memory and the processes NVML accounts it to, on a thread of its own.
+//!
+//! Quiet machines are read about once a second; while a killed process's GPU memory is awaited
+//! the collector asks for fast sampling and readings come every millisecond or two (each read
+//! costs about 10 µs on an H200), so the moment the memory is back is known to the millisecond.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use log::{debug, warn};
+use nvml_wrapper::{enums::device::UsedGpuMemory, Device, Nvml};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::{
+    clock::boottime_ns,
+    event::{Event, EventData, NvmlGpu, NvmlProcess},
+};
+
+pub const QUIET_PERIOD: Duration = Duration::from_secs(1);
+pub const FAST_PERIOD: Duration = Duration::from_millis(1);
+
+/// Handle to the sampler thread; dropping it stops the thread.
+pub struct NvmlSampler {
+    fast: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+    /// Driver version and device names, for the trace header and doctor.
+    pub description: String,
+}
+
+impl NvmlSampler {
+    /// Starts sampling into `out`, or says why NVML is not available.
+    pub fn start(out: UnboundedSender<Event>) -> Result<Self, String> {
+        let nvml = Nvml::init().map_err(|e| {
+            format!("NVML unavailable ({e}); GPU memory comes from kernel data only")
+        })?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("NVML device count: {e}"))?;
+        let version = nvml.sys_driver_version().unwrap_or_default();
+        let description = format!("NVML driver {version}, {count} device(s)");
+        let fast = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (Arc::clone(&fast), Arc::clone(&stop));
+        let thread = thread::Builder::new()
+            .name("linger-nvml".into())
+            .spawn(move || sample_loop(&nvml, count, &f, &s, &out))
+            .map_err(|e| format!("starting the NVML thread: {e}"))?;
+        Ok(Self {
+            fast,
+            stop,
+            thread: Some(thread),
+            description,
+        })
+    }
+
+    /// Millisecond sampling on or off.
+    pub fn set_fast(&self, fast: bool) {
+        if self.fast.swap(fast, Ordering::Relaxed) != fast {
+            debug!("NVML sampling {}", if fast { "fast" } else { "quiet" });
+        }
+    }
+}
+
+impl Drop for NvmlSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One reading of every GPU, for commands that do not trace.
+pub fn read_once() -> Result<Vec<NvmlGpu>, String> {
+    let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML device count: {e}"))?;
+    Ok((0..count)
+        .filter_map(|i| nvml.device_by_index(i).ok().map(|d| read(i, &d)))
+        .collect())
+}
+
+fn sample_loop(
+    nvml: &Nvml,
+    count: u32,
+    fast: &AtomicBool,
+    stop: &AtomicBool,
+    out: &UnboundedSender<Event>,
+) {
+    let devices: Vec<(u32, Device)> = (0..count)
+        .filter_map(|i| match nvml.device_by_index(i) {
+            Ok(d) => Some((i, d)),
+            Err(e) => {
+                warn!("NVML device {i}: {e}; not sampled");
+                None
+            }
+        })
+        .collect();
+    let mut last = Instant::now() - QUIET_PERIOD;
+    while !stop.load(Ordering::Relaxed) {
+        let period = if fast.load(Ordering::Relaxed) {
+            FAST_PERIOD
+        } else {
+            QUIET_PERIOD
+        };
+        if last.elapsed() < period {
+            thread::sleep(FAST_PERIOD.min(period - last.elapsed()));
+            continue;
+        }
+        last = Instant::now();
+        let gpus = devices.iter().map(|(i, d)| read(*i, d)).collect();
+        let event = Event {
+            ts_ns: boottime_ns(),
+            cpu: 0,
+            pid: 0,
+            tid: 0,
+            data: EventData::Nvml { gpus },
+        };
+        if out.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+fn read(index: u32, device: &Device) -> NvmlGpu {
+    let (used, total) = device
+        .memory_info()
+        .map(|m| (m.used, m.total))
+        .unwrap_or((0, 0));
+    let mut processes: Vec<NvmlProcess> = device
+        .running_compute_processes()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(device.running_graphics_processes().unwrap_or_default())
+        .map(|p| NvmlProcess {
+            pid: p.pid,
+            used: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            },
+        })
+        .collect();
+    processes.sort_by_key(|p| p.pid);
+    processes.dedup_by_key(|p| p.pid);
+    NvmlGpu {
+        index,
+        used,
+        total,
+        processes,
+    }
+}

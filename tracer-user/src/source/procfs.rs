@@ -1,0 +1,174 @@
+//! /proc: facts about processes captured while they are alive, and the GPU files held when
+//! tracing begins.
+
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::{FileTypeExt, MetadataExt},
+    path::Path,
+};
+
+use tracer_common::driver::mkdev;
+
+use super::kcmp;
+use crate::{
+    event::{EventData, ProcInfo},
+    probe::devices::GpuDevices,
+};
+
+/// comm, ppid, cmdline, cgroup, namespace pid and start time of `pid`, if it is still there.
+pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
+    let dir = Path::new("/proc").join(pid.to_string());
+    let stat = fs::read_to_string(dir.join("stat")).ok()?;
+    // comm is in parentheses and may contain spaces or parentheses: split at the last ')'.
+    let (head, tail) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let fields: Vec<&str> = tail.split_whitespace().collect();
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start_ticks = fields.get(19)?.parse().ok()?;
+    let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
+    let mut args = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    let cmdline = if redact_cmdline {
+        args.next().unwrap_or_default()
+    } else {
+        args.collect::<Vec<_>>().join(" ")
+    };
+    let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
+    let ns_pid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|p| p.parse().ok())
+        .filter(|&p| p != pid);
+    let cgroup = fs::read_to_string(dir.join("cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .and_then(|l| l.splitn(3, ':').nth(2))
+        .unwrap_or_default()
+        .to_string();
+    Some(ProcInfo {
+        pid,
+        ppid,
+        comm,
+        cmdline,
+        cgroup,
+        ns_pid,
+        start_ticks,
+    })
+}
+
+/// One GPU descriptor found in /proc.
+struct Found {
+    pid: u32,
+    fd: i32,
+    dev: u32,
+    cloexec: bool,
+}
+
+/// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
+/// group, found with kcmp), plus each holder's /proc facts.
+pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
+    let found = scan(devices);
+    let groups = group_by_open_file(&found);
+    let mut events: Vec<EventData> = Vec::new();
+    let mut pids: Vec<u32> = found.iter().map(|f| f.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    events.extend(
+        pids.iter()
+            .filter_map(|&p| proc_info(p, redact_cmdline))
+            .map(EventData::ProcInfo),
+    );
+    events.extend(
+        found
+            .iter()
+            .zip(groups)
+            .map(|(f, group)| EventData::SnapshotFd {
+                holder: f.pid,
+                fd: f.fd,
+                dev: f.dev,
+                cloexec: f.cloexec,
+                group,
+            }),
+    );
+    events
+}
+
+fn scan(devices: &GpuDevices) -> Vec<Found> {
+    let mut found = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in procs.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd_entry in fds.flatten() {
+            let Ok(fd) = fd_entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            // metadata() follows the magic link to the open file's inode.
+            let Ok(meta) = fs::metadata(fd_entry.path()) else {
+                continue;
+            };
+            if !meta.file_type().is_char_device() {
+                continue;
+            }
+            let rdev = meta.rdev();
+            let dev = mkdev(
+                nix::sys::stat::major(rdev) as u32,
+                nix::sys::stat::minor(rdev) as u32,
+            );
+            if !devices.is_gpu(dev) {
+                continue;
+            }
+            let info = entry.path().join("fdinfo").join(fd.to_string());
+            let cloexec = fs::read_to_string(info)
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("flags:"))
+                        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                })
+                .is_some_and(|flags| flags & 0o2000000 != 0);
+            found.push(Found {
+                pid,
+                fd,
+                dev,
+                cloexec,
+            });
+        }
+    }
+    found
+}
+
+/// Group ids (1, 2, ...) such that two descriptors share one exactly when they are the same
+/// open file.
+fn group_by_open_file(found: &[Found]) -> Vec<u64> {
+    // One representative descriptor per group, by device.
+    let mut reps: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+    let mut next = 0;
+    found
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let reps = reps.entry(f.dev).or_default();
+            let same = reps
+                .iter()
+                .find(|(j, _)| kcmp::same_file(f.pid, f.fd, found[*j].pid, found[*j].fd));
+            if let Some(&(_, group)) = same {
+                return group;
+            }
+            next += 1;
+            reps.push((i, next));
+            next
+        })
+        .collect()
+}
