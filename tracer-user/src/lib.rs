@@ -1,6 +1,6 @@
 //! linger: why is a killed process's GPU memory still in use, and for how long.
 //!
-//! Sources (kernel ring buffer, later NVML and trace files) produce one [`event::Event`]
+//! Sources (kernel ring buffer, trace files, later NVML) produce one [`event::Event`]
 //! stream; [`analysis`] turns it into incidents; [`sink`] renders them.
 
 pub mod analysis;
@@ -10,3 +10,4 @@ pub mod event;
 pub mod probe;
 pub mod sink;
 pub mod source;
+pub mod trace;

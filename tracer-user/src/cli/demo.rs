@@ -33,6 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         survive_after: Duration::from_secs(1),
         ring_size: 1 << 20,
         gpu_devices: Vec::new(),
+        recording: Default::default(),
     };
     // Attach first, so the child's whole life is seen.
     let probes = live::load(&live_args)?;

@@ -1,19 +1,19 @@
 //! `linger live`: trace fatal signals until stopped.
 
-use std::{io::Write, ops::ControlFlow, path::PathBuf, time::Duration};
+use std::{io::Write, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use serde_json::json;
 use tracer_user::{
-    analysis::{signals, Correlator, CorrelatorConfig, Incident},
+    analysis::{signals, CorrelatorConfig, Incident},
     clock::WallAnchor,
-    event::EventData,
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
-    sink::{json, text},
     source::{collect, kernel::KernelSource},
 };
 
-use super::duration;
+use super::{
+    duration, record,
+    report::{Output, Report},
+};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -48,6 +48,8 @@ pub struct Args {
     /// Kernel ring buffer size in bytes (a power of two, at least 4096).
     #[arg(long, default_value_t = 1 << 22, value_parser = parse_ring_size)]
     pub ring_size: u32,
+    #[command(flatten)]
+    pub recording: record::Options,
 }
 
 fn parse_signal(s: &str) -> Result<u32, String> {
@@ -87,50 +89,33 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
 /// Runs the live pipeline over loaded probes, writing incidents to `out`; returns them.
 pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Result<Vec<Incident>> {
     let anchor = WallAnchor::now();
-    let mut correlator = Correlator::new(CorrelatorConfig {
+    let config = CorrelatorConfig {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
         survive_after_ns: args.survive_after.as_nanos() as u64,
         ..Default::default()
-    });
+    };
+    let mut recorder = record::start(args, &anchor, &config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let mut all = Vec::new();
-    let mut closed = Vec::new();
-    let mut failure = None;
+    let output = Output {
+        json: args.json,
+        events: args.events,
+        count: args.count,
+    };
+    let mut report = Report::new(out, output, anchor, config);
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
-        let source = collect::run(source, args.duration, |event| {
-            if let EventData::Loss { count } = event.data {
-                if let Err(e) = report_loss(out, args.json, event.ts_ns, count) {
-                    failure = Some(e);
-                    return ControlFlow::Break(());
-                }
-            }
-            if args.events {
-                if let Err(e) = json::write_line(out, &json!({"type": "event", "event": event})) {
-                    failure = Some(e);
-                    return ControlFlow::Break(());
-                }
-            }
-            correlator.on_event(event, &mut closed);
-            emit(out, args, &anchor, &mut closed, &mut all, &mut failure)
+        let source = collect::run_tapped(source, args.duration, &mut recorder, |event| {
+            report.on_event(event)
         })
         .await?;
         anyhow::Ok(source)
     })?;
-    if let Some(e) = failure {
-        return Err(e.into());
-    }
-    if args.count.is_none_or(|n| all.len() < n) {
-        correlator.finish(&mut closed);
-        let _ = emit(out, args, &anchor, &mut closed, &mut all, &mut failure);
-    }
-    if let Some(e) = failure {
-        return Err(e.into());
-    }
+    record::finish(recorder, args, source.drops_total())?;
+    let all = report.finish()?;
     if source.drops_total() > 0 {
         eprintln!(
             "linger: the kernel dropped {} record(s) because the ring buffer was full; \
@@ -139,40 +124,4 @@ pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Resul
         );
     }
     Ok(all)
-}
-
-fn emit(
-    out: &mut impl Write,
-    args: &Args,
-    anchor: &WallAnchor,
-    closed: &mut Vec<Incident>,
-    all: &mut Vec<Incident>,
-    failure: &mut Option<std::io::Error>,
-) -> ControlFlow<()> {
-    for inc in closed.drain(..) {
-        let written = if args.json {
-            json::write_line(out, &inc)
-        } else {
-            out.write_all(text::render(&inc, anchor).as_bytes())
-                .and_then(|()| out.flush())
-        };
-        if let Err(e) = written {
-            *failure = Some(e);
-            return ControlFlow::Break(());
-        }
-        all.push(inc);
-        if args.count.is_some_and(|n| all.len() >= n) {
-            return ControlFlow::Break(());
-        }
-    }
-    ControlFlow::Continue(())
-}
-
-fn report_loss(out: &mut impl Write, as_json: bool, ts_ns: u64, count: u64) -> std::io::Result<()> {
-    if as_json {
-        json::write_line(out, &json!({"type": "loss", "t_ns": ts_ns, "count": count}))
-    } else {
-        eprintln!("linger: the kernel dropped {count} record(s): ring buffer full");
-        Ok(())
-    }
 }

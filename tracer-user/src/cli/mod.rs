@@ -3,7 +3,12 @@
 mod demo;
 mod doctor;
 mod duration;
+mod export;
 mod live;
+mod progress;
+mod record;
+mod replay;
+mod report;
 mod target;
 
 use std::process::ExitCode;
@@ -30,6 +35,12 @@ struct Cli {
 enum Command {
     /// Trace fatal signals live and print one incident per killed process.
     Live(live::Args),
+    /// Record everything traced to a file, for replay or export elsewhere.
+    Record(record::Args),
+    /// Run the analysis over a recorded trace: the report live tracing printed.
+    Replay(replay::Args),
+    /// Convert a trace for Perfetto / chrome://tracing, or to a flamegraph.
+    Export(export::Args),
     /// Try every eBPF hook type and the GPU stack; say what this machine allows.
     Doctor(doctor::Args),
     /// Start a multi-threaded child, SIGKILL it and print the incident.
@@ -44,6 +55,9 @@ pub fn main() -> ExitCode {
     init_logging(cli.verbose);
     let result = match cli.command {
         Command::Live(args) => live::run(args),
+        Command::Record(args) => record::run(args),
+        Command::Replay(args) => replay::run(args),
+        Command::Export(args) => export::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Target(args) => target::run(args),

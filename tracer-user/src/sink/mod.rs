@@ -1,4 +1,7 @@
 //! Where incidents go.
 
+pub mod folded;
 pub mod json;
+pub mod perfetto;
+pub mod phases;
 pub mod text;

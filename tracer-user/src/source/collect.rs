@@ -13,10 +13,47 @@ use crate::{
 /// How often the collector advances the analysis clock and checks the drop counter.
 pub const TICK: Duration = Duration::from_millis(20);
 
+/// Sees the stream as it enters the analysis, in order: kernel records as the ring buffer
+/// delivered them, the collector's own events as events. The trace recorder is one.
+pub trait Tap {
+    fn kernel(&mut self, raw: &[u8]);
+    fn event(&mut self, e: &Event);
+}
+
+/// No tap.
+impl Tap for () {
+    fn kernel(&mut self, _: &[u8]) {}
+    fn event(&mut self, _: &Event) {}
+}
+
+impl<T: Tap> Tap for Option<T> {
+    fn kernel(&mut self, raw: &[u8]) {
+        if let Some(t) = self {
+            t.kernel(raw);
+        }
+    }
+
+    fn event(&mut self, e: &Event) {
+        if let Some(t) = self {
+            t.event(e);
+        }
+    }
+}
+
 /// Feeds every event to `sink` until it breaks, `duration` passes, or SIGINT/SIGTERM arrive.
 pub async fn run(
+    source: KernelSource,
+    duration: Option<Duration>,
+    sink: impl FnMut(&Event) -> ControlFlow<()>,
+) -> std::io::Result<KernelSource> {
+    run_tapped(source, duration, &mut (), sink).await
+}
+
+/// [`run`], showing every event to `tap` before the sink sees it.
+pub async fn run_tapped(
     mut source: KernelSource,
     duration: Option<Duration>,
+    tap: &mut impl Tap,
     mut sink: impl FnMut(&Event) -> ControlFlow<()>,
 ) -> std::io::Result<KernelSource> {
     let mut ticker = interval(TICK);
@@ -29,12 +66,15 @@ pub async fn run(
         tokio::select! {
             ready = source.readable() => {
                 ready?;
-                source.drain(&mut batch);
+                source.drain_tapped(&mut batch, tap);
             }
             _ = ticker.tick() => {
                 let now = boottime_ns();
-                batch.extend(source.poll_drops(now));
-                batch.push(Event { ts_ns: now, cpu: 0, pid: 0, tid: 0, data: EventData::Tick });
+                if let Some(loss) = source.poll_drops(now) {
+                    push(&mut batch, tap, loss);
+                }
+                let tick = Event { ts_ns: now, cpu: 0, pid: 0, tid: 0, data: EventData::Tick };
+                push(&mut batch, tap, tick);
             }
             _ = &mut deadline => break,
             _ = stop.recv() => break,
@@ -46,14 +86,22 @@ pub async fn run(
         }
     }
     // Whatever arrived before the stop still counts.
-    source.drain(&mut batch);
-    batch.extend(source.poll_drops(boottime_ns()));
+    source.drain_tapped(&mut batch, tap);
+    if let Some(loss) = source.poll_drops(boottime_ns()) {
+        push(&mut batch, tap, loss);
+    }
     for event in batch.drain(..) {
         if sink(&event).is_break() {
             break;
         }
     }
     Ok(source)
+}
+
+/// Queues a user-space event for the sink, showing it to the tap in the same order.
+fn push(batch: &mut Vec<Event>, tap: &mut impl Tap, event: Event) {
+    tap.event(&event);
+    batch.push(event);
 }
 
 struct StopSignals {

@@ -4,7 +4,7 @@ use aya::maps::{MapData, PerCpuArray, RingBuf};
 use log::warn;
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::decode::decode;
+use super::{collect::Tap, decode::decode};
 use crate::{
     error::Result,
     event::{Event, EventData},
@@ -46,8 +46,14 @@ impl KernelSource {
 
     /// Decodes every record available now into `out`.
     pub fn drain(&mut self, out: &mut Vec<Event>) {
+        self.drain_tapped(out, &mut ());
+    }
+
+    /// [`KernelSource::drain`], showing each raw record to `tap` first, undecodable ones too.
+    pub fn drain_tapped(&mut self, out: &mut Vec<Event>, tap: &mut impl Tap) {
         let ring = self.ring.get_mut();
         while let Some(item) = ring.next() {
+            tap.kernel(&item);
             match decode(&item) {
                 Ok(event) => out.push(event),
                 Err(e) => {

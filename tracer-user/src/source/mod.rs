@@ -3,3 +3,4 @@
 pub mod collect;
 pub mod decode;
 pub mod kernel;
+pub mod replay;

@@ -1,0 +1,127 @@
+//! The analysis half of the pipeline, shared by `live` and `replay`: the same events in the
+//! same order give the same lines.
+
+use std::{io::Write, ops::ControlFlow};
+
+use serde_json::json;
+use tracer_user::{
+    analysis::{Correlator, CorrelatorConfig, Incident},
+    clock::WallAnchor,
+    event::{Event, EventData},
+    sink::{json, text},
+};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Output {
+    /// JSON lines instead of text.
+    pub json: bool,
+    /// Also every event as a JSON line.
+    pub events: bool,
+    /// Stop after this many incidents.
+    pub count: Option<usize>,
+}
+
+pub struct Report<'a, W: Write> {
+    out: &'a mut W,
+    output: Output,
+    anchor: WallAnchor,
+    correlator: Correlator,
+    closed: Vec<Incident>,
+    all: Vec<Incident>,
+    failure: Option<std::io::Error>,
+}
+
+impl<'a, W: Write> Report<'a, W> {
+    pub fn new(
+        out: &'a mut W,
+        output: Output,
+        anchor: WallAnchor,
+        config: CorrelatorConfig,
+    ) -> Self {
+        Self {
+            out,
+            output,
+            anchor,
+            correlator: Correlator::new(config),
+            closed: Vec::new(),
+            all: Vec::new(),
+            failure: None,
+        }
+    }
+
+    /// Feeds one event; breaks when writing failed or `count` incidents were written.
+    pub fn on_event(&mut self, event: &Event) -> ControlFlow<()> {
+        if let EventData::Loss { count } = event.data {
+            if let Err(e) = self.report_loss(event.ts_ns, count) {
+                self.failure = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
+        if self.output.events {
+            let line = json!({"type": "event", "event": event});
+            if let Err(e) = json::write_line(self.out, &line) {
+                self.failure = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
+        self.correlator.on_event(event, &mut self.closed);
+        self.emit()
+    }
+
+    /// Whether an open incident waits for GPU memory to come back.
+    pub fn awaiting_gpu_memory(&self) -> bool {
+        self.correlator.awaiting_gpu_memory()
+    }
+
+    /// Closes what is still open (unless `count` was reached) and returns every incident.
+    pub fn finish(mut self) -> std::io::Result<Vec<Incident>> {
+        if let Some(e) = self.failure.take() {
+            return Err(e);
+        }
+        if !self.count_reached() {
+            self.correlator.finish(&mut self.closed);
+            let _ = self.emit();
+        }
+        match self.failure.take() {
+            Some(e) => Err(e),
+            None => Ok(self.all),
+        }
+    }
+
+    fn count_reached(&self) -> bool {
+        self.output.count.is_some_and(|n| self.all.len() >= n)
+    }
+
+    fn emit(&mut self) -> ControlFlow<()> {
+        for inc in std::mem::take(&mut self.closed) {
+            let written = if self.output.json {
+                json::write_line(self.out, &inc)
+            } else {
+                self.out
+                    .write_all(text::render(&inc, &self.anchor).as_bytes())
+                    .and_then(|()| self.out.flush())
+            };
+            if let Err(e) = written {
+                self.failure = Some(e);
+                return ControlFlow::Break(());
+            }
+            self.all.push(inc);
+            if self.count_reached() {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn report_loss(&mut self, ts_ns: u64, count: u64) -> std::io::Result<()> {
+        if self.output.json {
+            json::write_line(
+                self.out,
+                &json!({"type": "loss", "t_ns": ts_ns, "count": count}),
+            )
+        } else {
+            eprintln!("linger: the kernel dropped {count} record(s): ring buffer full");
+            Ok(())
+        }
+    }
+}

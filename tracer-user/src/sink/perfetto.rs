@@ -1,0 +1,247 @@
+//! Chrome trace event JSON, which the Perfetto UI and chrome://tracing open: a track per
+//! process and thread, incidents and their phases as slices, signals and other events as
+//! instants. Written as it goes, so memory stays bounded by the number of tasks.
+
+use std::{collections::BTreeMap, io::Write};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::phases::{end_ns, phases};
+use crate::{
+    analysis::{signals, Incident},
+    event::{Event, EventData},
+    trace::snapshot::Process,
+};
+
+pub struct ChromeTrace<W: Write> {
+    out: W,
+    first: bool,
+    processes: BTreeMap<u32, String>,
+    threads: BTreeMap<(u32, u32), String>,
+}
+
+/// One trace event; `ts` and `dur` in microseconds.
+#[derive(Serialize)]
+struct TraceEvent<'a> {
+    name: &'a str,
+    cat: &'a str,
+    ph: &'a str,
+    ts: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dur: Option<f64>,
+    pid: u32,
+    tid: u32,
+    /// Instant scope: `t` thread, `g` global.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s: Option<&'a str>,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    args: Value,
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
+
+impl<W: Write> ChromeTrace<W> {
+    pub fn new(mut out: W) -> std::io::Result<Self> {
+        out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+        Ok(Self {
+            out,
+            first: true,
+            processes: BTreeMap::new(),
+            threads: BTreeMap::new(),
+        })
+    }
+
+    /// Names processes that existed before the trace began.
+    pub fn name_processes(&mut self, processes: &[Process]) {
+        for p in processes {
+            self.processes
+                .entry(p.pid)
+                .or_insert_with(|| p.comm.clone());
+        }
+    }
+
+    pub fn on_event(&mut self, e: &Event) -> std::io::Result<()> {
+        let (pid, tid) = (e.pid, e.tid);
+        match &e.data {
+            EventData::SignalGenerate {
+                sig,
+                code,
+                result,
+                target_pid,
+                target_tid,
+                sender_comm,
+                target_comm,
+                ..
+            } => {
+                self.name(pid, None, sender_comm);
+                self.name(*target_pid, None, target_comm);
+                let args = json!({"sender_pid": pid, "sender_tid": tid, "sender_comm": sender_comm,
+                                  "si_code": code, "result": result});
+                self.instant(
+                    &signals::name(*sig),
+                    *target_pid,
+                    *target_tid,
+                    e.ts_ns,
+                    args,
+                )
+            }
+            EventData::SignalDeliver { sig, handler, .. } => {
+                let name = format!("deliver {}", signals::name(*sig));
+                self.instant(&name, pid, tid, e.ts_ns, json!({"handler": handler}))
+            }
+            EventData::Fork {
+                child_pid, comm, ..
+            } => {
+                self.name(*child_pid, None, comm);
+                self.instant("fork", pid, tid, e.ts_ns, json!({"child_pid": child_pid}))
+            }
+            EventData::Exec { comm, .. } => {
+                self.processes.insert(pid, comm.clone());
+                self.instant("exec", pid, tid, e.ts_ns, json!({"comm": comm}))
+            }
+            EventData::TaskExit {
+                exit_code,
+                group_dead,
+                comm,
+                ..
+            } => {
+                self.name(pid, Some(tid), comm);
+                let args = json!({"exit_code": exit_code, "group_dead": group_dead});
+                self.instant("exit", pid, tid, e.ts_ns, args)
+            }
+            EventData::Reap { reaped_pid, .. } => {
+                self.instant("reap", pid, tid, e.ts_ns, json!({"reaped_pid": reaped_pid}))
+            }
+            EventData::Loss { count } => self.write(&TraceEvent {
+                name: "kernel dropped records",
+                cat: "loss",
+                ph: "i",
+                ts: us(e.ts_ns),
+                dur: None,
+                pid: 0,
+                tid: 0,
+                s: Some("g"),
+                args: json!({"count": count}),
+            }),
+            EventData::Tick | EventData::BenchTick => Ok(()),
+            // Kinds without a drawing of their own: an instant named by the kind, its fields
+            // as arguments.
+            other => {
+                let args = serde_json::to_value(other)?;
+                let kind = args["kind"].as_str().unwrap_or("event").to_string();
+                self.instant(&kind, pid, tid, e.ts_ns, args)
+            }
+        }
+    }
+
+    /// The incident as a slice on the target's main thread, its phases nested inside.
+    pub fn on_incident(&mut self, inc: &Incident) -> std::io::Result<()> {
+        let pid = inc.target.pid;
+        let sender = if inc.sender.pid == 0 {
+            "kernel".to_string()
+        } else {
+            format!("{}[{}]", inc.sender.comm, inc.sender.pid)
+        };
+        let title = format!("{} from {sender}", inc.signal_name);
+        let end = end_ns(inc);
+        self.write(&TraceEvent {
+            name: &title,
+            cat: "incident",
+            ph: "X",
+            ts: us(inc.t_signal_ns),
+            dur: Some(us(end - inc.t_signal_ns)),
+            pid,
+            tid: pid,
+            s: None,
+            args: serde_json::to_value(inc)?,
+        })?;
+        for phase in phases(inc) {
+            self.write(&TraceEvent {
+                name: phase.name,
+                cat: "phase",
+                ph: "X",
+                ts: us(phase.start_ns),
+                dur: Some(us(phase.end_ns - phase.start_ns)),
+                pid,
+                tid: pid,
+                s: None,
+                args: Value::Null,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Writes the track names and closes the JSON document.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        let processes = std::mem::take(&mut self.processes);
+        for (pid, name) in &processes {
+            self.metadata("process_name", *pid, *pid, name)?;
+        }
+        let threads = std::mem::take(&mut self.threads);
+        for ((pid, tid), name) in &threads {
+            self.metadata("thread_name", *pid, *tid, name)?;
+        }
+        self.out.write_all(b"\n]}\n")?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    fn name(&mut self, pid: u32, tid: Option<u32>, comm: &str) {
+        if pid == 0 || comm.is_empty() {
+            return;
+        }
+        self.processes
+            .entry(pid)
+            .or_insert_with(|| comm.to_string());
+        if let Some(tid) = tid {
+            self.threads.insert((pid, tid), comm.to_string());
+        }
+    }
+
+    fn instant(
+        &mut self,
+        name: &str,
+        pid: u32,
+        tid: u32,
+        ts_ns: u64,
+        args: Value,
+    ) -> std::io::Result<()> {
+        self.write(&TraceEvent {
+            name,
+            cat: "event",
+            ph: "i",
+            ts: us(ts_ns),
+            dur: None,
+            pid,
+            tid,
+            s: Some("t"),
+            args,
+        })
+    }
+
+    fn metadata(&mut self, kind: &str, pid: u32, tid: u32, name: &str) -> std::io::Result<()> {
+        self.write(&TraceEvent {
+            name: kind,
+            cat: "__metadata",
+            ph: "M",
+            ts: 0.0,
+            dur: None,
+            pid,
+            tid,
+            s: None,
+            args: json!({ "name": name }),
+        })
+    }
+
+    fn write(&mut self, event: &TraceEvent) -> std::io::Result<()> {
+        if !self.first {
+            self.out.write_all(b",\n")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.out, event)?;
+        Ok(())
+    }
+}

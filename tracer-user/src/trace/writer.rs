@@ -1,0 +1,278 @@
+//! Streaming writer: a file header, then self-checking chunks, each written with one `write`
+//! so that a killed recorder leaves at most its last chunk incomplete.
+
+use std::{
+    fs::{File, OpenOptions, Permissions},
+    io::{self, Write},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::Path,
+};
+
+use bytes::BufMut;
+use serde::Serialize;
+
+use super::{
+    format::{self, kind},
+    meta::TraceMeta,
+    record,
+    snapshot::Process,
+};
+use crate::{
+    event::{Event, EventData},
+    source::collect::Tap,
+};
+
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    /// zstd level per chunk; None stores chunks uncompressed.
+    pub zstd_level: Option<i32>,
+    /// A chunk is written once its body reaches this many bytes...
+    pub chunk_bytes: usize,
+    /// ...or when a tick comes this long after the chunk's first record: what a killed
+    /// recorder can lose.
+    pub flush_interval_ns: u64,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self {
+            zstd_level: Some(1),
+            chunk_bytes: 256 << 10,
+            flush_interval_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// What the writer wrote, for the closing summary and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WriteStats {
+    pub records: u64,
+    pub chunks: u64,
+    /// Record bytes before compression.
+    pub raw_bytes: u64,
+    /// Bytes in the file.
+    pub file_bytes: u64,
+}
+
+pub struct TraceWriter<W: Write> {
+    out: W,
+    options: WriterOptions,
+    body: Vec<u8>,
+    stored: Vec<u8>,
+    records: u32,
+    t_first: u64,
+    t_last: u64,
+    seq: u32,
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    stats: WriteStats,
+    /// The first write error; later writes are skipped. The live loop cannot stop on a
+    /// failed record, so the caller checks [`TraceWriter::error`].
+    error: Option<io::Error>,
+}
+
+/// Creates `path` (mode 0600: traces hold command lines) and writes the file header.
+pub fn create(
+    path: &Path,
+    meta: &TraceMeta,
+    options: WriterOptions,
+) -> io::Result<TraceWriter<File>> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // `mode` applies only to a new file; an existing one keeps its permissions otherwise.
+    file.set_permissions(Permissions::from_mode(0o600))?;
+    TraceWriter::new(file, meta, options)
+}
+
+impl<W: Write> TraceWriter<W> {
+    pub fn new(mut out: W, meta: &TraceMeta, options: WriterOptions) -> io::Result<Self> {
+        let meta_json = serde_json::to_vec(meta)?;
+        let mut header = Vec::with_capacity(format::FILE_HEADER_LEN + meta_json.len());
+        header.extend_from_slice(&format::MAGIC);
+        header.put_u16_le(format::MAJOR);
+        header.put_u16_le(format::MINOR);
+        header.put_u8(if cfg!(target_endian = "little") {
+            format::LITTLE_ENDIAN
+        } else {
+            format::BIG_ENDIAN
+        });
+        header.put_bytes(0, 3);
+        header.put_u32_le(meta_json.len() as u32);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&header), &meta_json);
+        header.put_u32_le(crc);
+        header.extend_from_slice(&meta_json);
+        out.write_all(&header)?;
+        out.flush()?;
+        let compressor = match options.zstd_level {
+            Some(level) => Some(zstd::bulk::Compressor::new(level)?),
+            None => None,
+        };
+        Ok(Self {
+            out,
+            options,
+            body: Vec::with_capacity(options.chunk_bytes + 4096),
+            stored: Vec::new(),
+            records: 0,
+            t_first: u64::MAX,
+            t_last: 0,
+            seq: 0,
+            compressor,
+            stats: WriteStats {
+                file_bytes: header.len() as u64,
+                ..Default::default()
+            },
+            error: None,
+        })
+    }
+
+    /// A ring buffer record, verbatim.
+    pub fn kernel(&mut self, raw: &[u8]) {
+        let ts = raw
+            .get(8..16)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes);
+        record::put(&mut self.body, kind::KERNEL, raw);
+        self.added(ts);
+    }
+
+    /// A user-space event: the collector's own kinds compactly, any other as JSON.
+    pub fn event(&mut self, e: &Event) {
+        let zero = e.cpu == 0 && e.pid == 0 && e.tid == 0;
+        match e.data {
+            EventData::Tick if zero => record::put_tick(&mut self.body, e.ts_ns),
+            EventData::Loss { count } if zero => record::put_loss(&mut self.body, e.ts_ns, count),
+            _ => match serde_json::to_vec(e) {
+                Ok(json) => record::put(&mut self.body, kind::EVENT, &json),
+                Err(err) => return self.fail(err.into()),
+            },
+        }
+        self.added(Some(e.ts_ns));
+        if matches!(e.data, EventData::Tick)
+            && e.ts_ns.saturating_sub(self.t_first) >= self.options.flush_interval_ns
+        {
+            self.flush_chunk();
+        }
+    }
+
+    pub fn processes(&mut self, processes: &[Process]) {
+        self.json_record(kind::PROCESSES, &processes);
+    }
+
+    /// Writes the closing summary and the last chunk.
+    pub fn finish(mut self, summary: &impl Serialize) -> io::Result<(W, WriteStats)> {
+        self.json_record(kind::END, summary);
+        self.flush_chunk();
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok((self.out, self.stats)),
+        }
+    }
+
+    pub fn error(&self) -> Option<&io::Error> {
+        self.error.as_ref()
+    }
+
+    pub fn stats(&self) -> WriteStats {
+        self.stats
+    }
+
+    /// Records so far, the unwritten chunk's included.
+    pub fn records(&self) -> u64 {
+        self.stats.records + u64::from(self.records)
+    }
+
+    fn json_record(&mut self, kind_id: u16, value: &impl Serialize) {
+        match serde_json::to_vec(value) {
+            Ok(json) => {
+                record::put(&mut self.body, kind_id, &json);
+                self.added(None);
+            }
+            Err(e) => self.fail(e.into()),
+        }
+    }
+
+    fn added(&mut self, ts: Option<u64>) {
+        self.records += 1;
+        if let Some(ts) = ts {
+            self.t_first = self.t_first.min(ts);
+            self.t_last = self.t_last.max(ts);
+        }
+        if self.body.len() >= self.options.chunk_bytes {
+            self.flush_chunk();
+        }
+    }
+
+    /// Writes the pending records as one chunk.
+    pub fn flush_chunk(&mut self) {
+        if self.records == 0 {
+            return;
+        }
+        if self.error.is_none() {
+            if let Err(e) = self.write_chunk() {
+                self.fail(e);
+            }
+        }
+        self.stats.records += u64::from(self.records);
+        self.stats.raw_bytes += self.body.len() as u64;
+        self.body.clear();
+        self.records = 0;
+        self.t_first = u64::MAX;
+        self.t_last = 0;
+    }
+
+    fn write_chunk(&mut self) -> io::Result<()> {
+        let compressed = match &mut self.compressor {
+            Some(c) => Some(c.compress(&self.body)?),
+            None => None,
+        };
+        let (codec, stored) = match &compressed {
+            Some(z) if z.len() < self.body.len() => (format::CODEC_ZSTD, z.as_slice()),
+            _ => (format::CODEC_NONE, self.body.as_slice()),
+        };
+        let t_first = if self.t_first == u64::MAX {
+            0
+        } else {
+            self.t_first
+        };
+        let out = &mut self.stored;
+        out.clear();
+        out.extend_from_slice(&format::CHUNK_MAGIC);
+        out.put_u32_le(self.seq);
+        out.put_u32_le(stored.len() as u32);
+        out.put_u32_le(self.body.len() as u32);
+        out.put_u32_le(self.records);
+        out.put_u8(codec);
+        out.put_bytes(0, 3);
+        out.put_u64_le(t_first);
+        out.put_u64_le(self.t_last);
+        out.put_u32_le(crc32c::crc32c(stored));
+        let header_crc = crc32c::crc32c(out);
+        out.put_u32_le(header_crc);
+        out.extend_from_slice(stored);
+        self.out.write_all(out)?;
+        self.out.flush()?;
+        self.seq = self.seq.wrapping_add(1);
+        self.stats.chunks += 1;
+        self.stats.file_bytes += out.len() as u64;
+        Ok(())
+    }
+
+    fn fail(&mut self, e: io::Error) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+}
+
+impl<W: Write> Tap for TraceWriter<W> {
+    fn kernel(&mut self, raw: &[u8]) {
+        TraceWriter::kernel(self, raw);
+    }
+
+    fn event(&mut self, e: &Event) {
+        TraceWriter::event(self, e);
+    }
+}
