@@ -27,6 +27,8 @@ pub enum How {
     Dup { t_ns: u64 },
     /// Inherited from `from` when it forked (copied descriptor table).
     Fork { from: u32, t_ns: u64 },
+    /// Shares `from`'s descriptor table (clone with CLONE_FILES).
+    SharedTable { from: u32, t_ns: u64 },
     /// Held when tracing began; origin unknown.
     Snapshot,
     /// Seen only in a walk of its table (e.g. received over a unix socket).
@@ -74,6 +76,8 @@ pub struct Holders {
     procs: HashMap<u32, Process>,
     /// Descriptors listed by the exit walk, waiting for the group-dead record.
     dying: HashMap<u32, Vec<HeldFile>>,
+    /// A process's descriptors before its last exec, to keep how it got those that survived.
+    before_exec: HashMap<u32, BTreeMap<i32, Fd>>,
 }
 
 impl Holders {
@@ -112,9 +116,16 @@ impl Holders {
                 );
             }
             EventData::Exec { comm } => {
+                // The kernel lists what survived exec right after this record (HeldAtExec);
+                // the close-on-exec flags we know may be stale (F_SETFD is not traced).
                 let p = self.procs.entry(e.pid).or_default();
                 p.comm = comm.clone();
-                p.fds.retain(|_, fd| !fd.cloexec);
+                let before = std::mem::take(&mut p.fds);
+                if before.is_empty() {
+                    self.before_exec.remove(&e.pid);
+                } else {
+                    self.before_exec.insert(e.pid, before);
+                }
             }
             EventData::GpuFd {
                 op,
@@ -209,6 +220,7 @@ impl Holders {
     /// The group of `pid` died: returns what it held (from the exit walk, else from the table)
     /// and forgets the process.
     pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
+        self.before_exec.remove(&pid);
         let proc = self.procs.remove(&pid);
         match self.dying.remove(&pid) {
             Some(walk) => walk,

@@ -33,6 +33,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         survive_after: Duration::from_secs(1),
         ring_size: 1 << 20,
         gpu_devices: Vec::new(),
+        linger_after: Duration::from_secs(30),
+        // The demo child holds no GPU memory.
+        no_nvml: true,
         recording: Default::default(),
     };
     // Attach first, so the child's whole life is seen.

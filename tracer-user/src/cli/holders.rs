@@ -6,7 +6,7 @@ use serde::Serialize;
 use tracer_user::{
     analysis::holders::Holders,
     error::Error,
-    event::{Event, EventData, NvmlGpu},
+    event::{Event, NvmlGpu},
     probe::devices::GpuDevices,
     sink::json,
     source::{nvml, procfs},
@@ -59,7 +59,9 @@ struct Report {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        return Err(Error::Permission("reading every process's descriptors needs root".into()).into());
+        return Err(
+            Error::Permission("reading every process's descriptors needs root".into()).into(),
+        );
     }
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut holders = Holders::default();
@@ -147,7 +149,11 @@ fn render(r: &Report) -> String {
     );
     for row in &r.holders {
         let nvml = row.nvml_bytes.map_or("-".into(), mib);
-        let files = format!("{} fds, {} open files", row.fds.len(), row.file_groups.len());
+        let files = format!(
+            "{} fds, {} open files",
+            row.fds.len(),
+            row.file_groups.len()
+        );
         s.push_str(&format!(
             "{:>8} {:>8} {:<16} {:>10}  {:<24} {}\n",
             row.pid, row.ppid, row.comm, nvml, files, row.cmdline
@@ -170,7 +176,10 @@ fn render(r: &Report) -> String {
         .collect();
     if !shared.is_empty() {
         let pids: Vec<String> = shared.iter().map(|r| r.pid.to_string()).collect();
-        s.push_str(&format!("processes sharing open GPU files (memory freed only when all close): {}\n", pids.join(", ")));
+        s.push_str(&format!(
+            "processes sharing open GPU files (memory freed only when all close): {}\n",
+            pids.join(", ")
+        ));
     }
     for u in &r.nvml_unresolved {
         let unlisted: Vec<String> = r
@@ -179,13 +188,21 @@ fn render(r: &Report) -> String {
             .filter(|h| h.nvml_bytes.is_none())
             .map(|h| format!("{}[{}]", h.comm, h.pid))
             .collect();
-        let what = if u.state == "dead" { "a dead process" } else { "a process holding no GPU file here" };
+        let what = if u.state == "dead" {
+            "a dead process"
+        } else {
+            "a process holding no GPU file here"
+        };
         s.push_str(&format!(
             "NVML accounts {} on GPU{} to pid {} ({what}); real holder among: {}\n",
             u.bytes.map_or("?".into(), mib),
             u.gpu,
             u.pid,
-            if unlisted.is_empty() { "none visible (another pid namespace?)".into() } else { unlisted.join(", ") }
+            if unlisted.is_empty() {
+                "none visible (another pid namespace?)".into()
+            } else {
+                unlisted.join(", ")
+            }
         ));
     }
     s

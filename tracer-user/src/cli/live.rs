@@ -1,13 +1,13 @@
 //! `linger live`: trace fatal signals until stopped.
 
-use std::{io::Write, path::PathBuf, time::Duration};
+use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use anyhow::Context;
 use tracer_user::{
     analysis::{signals, CorrelatorConfig, Incident},
     clock::WallAnchor,
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
-    source::{collect, kernel::KernelSource},
+    source::{collect, gpu::GpuSources, kernel::KernelSource},
 };
 
 use super::{
@@ -45,6 +45,12 @@ pub struct Args {
     /// Treat this char device as a GPU file too (repeatable); the NVIDIA devices always are.
     #[arg(long = "gpu-device", value_name = "PATH")]
     pub gpu_devices: Vec<PathBuf>,
+    /// GPU memory not back this long after its process died is reported as lingering.
+    #[arg(long, value_parser = duration::parse, default_value = "30s")]
+    pub linger_after: Duration,
+    /// Do not read GPU memory through NVML (kernel data only).
+    #[arg(long)]
+    pub no_nvml: bool,
     /// Kernel ring buffer size in bytes (a power of two, at least 4096).
     #[arg(long, default_value_t = 1 << 22, value_parser = parse_ring_size)]
     pub ring_size: u32,
@@ -87,12 +93,17 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
 }
 
 /// Runs the live pipeline over loaded probes, writing incidents to `out`; returns them.
-pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Result<Vec<Incident>> {
+pub fn trace(
+    mut probes: Probes,
+    args: &Args,
+    out: &mut impl Write,
+) -> anyhow::Result<Vec<Incident>> {
     let anchor = WallAnchor::now();
     let config = CorrelatorConfig {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
         survive_after_ns: args.survive_after.as_nanos() as u64,
+        linger_after_ns: args.linger_after.as_nanos() as u64,
         ..Default::default()
     };
     let mut recorder = record::start(args, &anchor, &config)?;
@@ -106,11 +117,29 @@ pub fn trace(probes: Probes, args: &Args, out: &mut impl Write) -> anyhow::Resul
         count: args.count,
     };
     let mut report = Report::new(out, output, anchor, config);
+    let devices = GpuDevices::discover(&args.gpu_devices)?;
+    let mut gpu = GpuSources::start(
+        &mut probes,
+        &devices,
+        !args.no_nvml,
+        args.recording.redact_cmdline,
+    );
+    let fast_nvml = gpu.fast_switch();
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
-        let source = collect::run_tapped(source, args.duration, &mut recorder, |event| {
-            report.on_event(event)
-        })
+        let source = collect::run_tapped(
+            source,
+            Some(&mut gpu),
+            args.duration,
+            &mut recorder,
+            |event| {
+                let flow = report.on_event(event);
+                if let Some(fast) = &fast_nvml {
+                    fast.store(report.awaiting_gpu_memory(), Ordering::Relaxed);
+                }
+                flow
+            },
+        )
         .await?;
         anyhow::Ok(source)
     })?;

@@ -4,6 +4,7 @@ mod demo;
 mod doctor;
 mod duration;
 mod export;
+mod holders;
 mod live;
 mod progress;
 mod record;
@@ -43,6 +44,8 @@ enum Command {
     Export(export::Args),
     /// Try every eBPF hook type and the GPU stack; say what this machine allows.
     Doctor(doctor::Args),
+    /// Every process holding GPU files now, with what NVML accounts to each.
+    Holders(holders::Args),
     /// Start a multi-threaded child, SIGKILL it and print the incident.
     Demo(demo::Args),
     /// A process for demo and tests to kill (not for users).
@@ -59,6 +62,7 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args),
         Command::Export(args) => export::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Holders(args) => holders::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Target(args) => target::run(args),
     };

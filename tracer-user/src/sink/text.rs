@@ -123,6 +123,7 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             How::Fork { from, t_ns } => {
                 format!("forked from {from} at {}", anchor.format_local(t_ns))
             }
+            How::SharedTable { from, .. } => format!("shares the descriptor table of {from}"),
             How::Snapshot => "held before tracing began".into(),
             How::Open { .. } | How::Dup { .. } | How::Seen { .. } => {
                 "holds the same open file".into()

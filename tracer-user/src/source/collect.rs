@@ -4,7 +4,7 @@ use std::{ops::ControlFlow, time::Duration};
 
 use tokio::time::{interval, sleep, MissedTickBehavior};
 
-use super::kernel::KernelSource;
+use super::{gpu::GpuSources, kernel::KernelSource};
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData},
@@ -46,12 +46,13 @@ pub async fn run(
     duration: Option<Duration>,
     sink: impl FnMut(&Event) -> ControlFlow<()>,
 ) -> std::io::Result<KernelSource> {
-    run_tapped(source, duration, &mut (), sink).await
+    run_tapped(source, None, duration, &mut (), sink).await
 }
 
-/// [`run`], showing every event to `tap` before the sink sees it.
+/// [`run`] with the GPU-side inputs, showing every event to `tap` before the sink sees it.
 pub async fn run_tapped(
     mut source: KernelSource,
+    mut gpu: Option<&mut GpuSources>,
     duration: Option<Duration>,
     tap: &mut impl Tap,
     mut sink: impl FnMut(&Event) -> ControlFlow<()>,
@@ -62,12 +63,25 @@ pub async fn run_tapped(
     tokio::pin!(deadline);
     let mut stop = stop_signals()?;
     let mut batch = Vec::with_capacity(1024);
+    if let Some(gpu) = gpu.as_deref_mut() {
+        for e in gpu.take_startup() {
+            push(&mut batch, tap, e);
+        }
+    }
     loop {
         tokio::select! {
             ready = source.readable() => {
                 ready?;
+                let from = batch.len();
                 source.drain_tapped(&mut batch, tap);
+                if let Some(gpu) = gpu.as_deref_mut() {
+                    let found: Vec<Event> = batch[from..].iter().filter_map(|e| gpu.enrich(e)).collect();
+                    for e in found {
+                        push(&mut batch, tap, e);
+                    }
+                }
             }
+            Some(reading) = next_nvml(gpu.as_deref_mut()) => push(&mut batch, tap, reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
                 if let Some(loss) = source.poll_drops(now) {
@@ -96,6 +110,13 @@ pub async fn run_tapped(
         }
     }
     Ok(source)
+}
+
+async fn next_nvml(gpu: Option<&mut GpuSources>) -> Option<Event> {
+    match gpu {
+        Some(g) => g.next_nvml().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Queues a user-space event for the sink, showing it to the tap in the same order.

@@ -2,5 +2,9 @@
 
 pub mod collect;
 pub mod decode;
+pub mod gpu;
+pub mod kcmp;
 pub mod kernel;
+pub mod nvml;
+pub mod procfs;
 pub mod replay;

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::{debug, warn};
+use log::warn;
 use nvml_wrapper::{enums::device::UsedGpuMemory, Device, Nvml};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -60,11 +60,9 @@ impl NvmlSampler {
         })
     }
 
-    /// Millisecond sampling on or off.
-    pub fn set_fast(&self, fast: bool) {
-        if self.fast.swap(fast, Ordering::Relaxed) != fast {
-            debug!("NVML sampling {}", if fast { "fast" } else { "quiet" });
-        }
+    /// The switch for millisecond sampling: set while GPU memory is awaited.
+    pub fn fast_switch(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.fast)
     }
 }
 

@@ -1,0 +1,133 @@
+//! Real processes doing to a stand-in GPU device what CUDA programs and their children do:
+//! open, dup, fork, exec, close, share descriptor tables. The integration tests trace them.
+//!
+//! Usage: linger-fd-scenario DEVICE SCENARIO. Prints `ready PID...` once set up, then waits to
+//! be killed.
+
+use std::{
+    env,
+    fs::{File, OpenOptions},
+    io::Write,
+    os::fd::IntoRawFd,
+    os::unix::process::CommandExt,
+    process::Command,
+    thread,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = env::args().collect();
+    let [_, device, scenario, rest @ ..] = args.as_slice() else {
+        bail!("usage: linger-fd-scenario DEVICE SCENARIO");
+    };
+    match scenario.as_str() {
+        // open, dup, dup2 onto another descriptor, F_DUPFD_CLOEXEC, then close the plain dup.
+        "dup-close" => {
+            let f = open(device, true)?;
+            let dup = nix::unistd::dup(&f)?;
+            let mut slot = File::open("/dev/null")?.into();
+            nix::unistd::dup2(&f, &mut slot)?;
+            let high = fcntl(&f, FcntlArg::F_DUPFD_CLOEXEC(60))?;
+            drop(dup);
+            ready(&[])?;
+            wait_forever((f, slot, high))
+        }
+        // A child made with clone(CLONE_FILES) shares the parent's descriptor table.
+        "shared-table" => {
+            let f = open(device, true)?;
+            let child = clone_sharing_files()?;
+            ready(&[child])?;
+            wait_forever(f)
+        }
+        // The parent's descriptor is inherited by a child that outlives it (fork, then exec of a
+        // holder that does nothing but keep it).
+        "fork-holder" => {
+            let f = open(device, false)?;
+            let child = Command::new(env::current_exe()?)
+                .args([device, "hold"])
+                .spawn()
+                .context("spawning the holder")?;
+            ready(&[child.id()])?;
+            wait_forever(f)
+        }
+        // Exec keeps the descriptor without O_CLOEXEC and drops the one with it.
+        "exec" => {
+            let keep = open(device, false)?;
+            let dropped = open(device, true)?;
+            let (k, d) = (keep.into_raw_fd(), dropped.into_raw_fd());
+            let err = Command::new(env::current_exe()?)
+                .args([device, "hold", &format!("{k}"), &format!("{d}")])
+                .exec();
+            bail!("exec failed: {err}")
+        }
+        // A process that opened and closed the device: it holds nothing when it dies.
+        "close" => {
+            drop(open(device, false)?);
+            ready(&[])?;
+            wait_forever(())
+        }
+        // Open before tracing starts: the test waits for `ready`, then starts linger.
+        "hold" | "held-before" => {
+            let f = if scenario == "held-before" {
+                Some(open(device, false)?)
+            } else {
+                None
+            };
+            ready(&[])?;
+            // The exec scenario passes the kept and dropped descriptor numbers for the test.
+            let _ = rest;
+            wait_forever(f)
+        }
+        other => bail!("unknown scenario {other}"),
+    }
+}
+
+fn clone_sharing_files() -> Result<u32> {
+    let mut stack = vec![0u8; 256 * 1024];
+    let flags = nix::sched::CloneFlags::CLONE_FILES;
+    // SAFETY: without CLONE_VM the child runs on a copy of our memory, so the callback and
+    // stack stay valid in it; it only sleeps.
+    let pid = unsafe {
+        nix::sched::clone(
+            Box::new(|| wait_forever(())),
+            &mut stack,
+            flags,
+            Some(nix::sys::signal::Signal::SIGCHLD as i32),
+        )
+    }?;
+    std::mem::forget(stack);
+    Ok(pid.as_raw() as u32)
+}
+
+fn open(device: &str, cloexec: bool) -> Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(device)
+        .with_context(|| format!("opening {device}"))?;
+    if !cloexec {
+        // Rust opens with O_CLOEXEC; clear it so children keep the descriptor.
+        fcntl(&f, FcntlArg::F_SETFD(FdFlag::empty()))?;
+    }
+    Ok(f)
+}
+
+fn ready(children: &[u32]) -> Result<()> {
+    let mut line = format!("ready {}", std::process::id());
+    for c in children {
+        line.push_str(&format!(" {c}"));
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+fn wait_forever<T>(_keep: T) -> ! {
+    loop {
+        thread::sleep(Duration::from_secs(3600));
+    }
+}

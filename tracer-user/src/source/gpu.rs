@@ -1,0 +1,143 @@
+//! The live GPU-side inputs: what is held when tracing starts, NVML readings, and /proc facts
+//! about GPU holders captured while they are alive. All of them become events, so a recording
+//! replays without the machine.
+
+use std::{
+    collections::HashSet,
+    sync::{atomic::AtomicBool, Arc},
+};
+
+use log::{info, warn};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::{nvml::NvmlSampler, procfs};
+use crate::{
+    clock::boottime_ns,
+    event::{Event, EventData, FdOp},
+    probe::{devices::GpuDevices, Probes},
+};
+
+pub struct GpuSources {
+    startup: Vec<Event>,
+    nvml: Option<(NvmlSampler, UnboundedReceiver<Event>)>,
+    redact_cmdline: bool,
+    /// Processes whose /proc facts are in the stream already.
+    described: HashSet<u32>,
+}
+
+impl GpuSources {
+    /// Snapshots the current holders (and tells the programs about them), and starts NVML
+    /// unless `nvml` is false or the library is missing.
+    pub fn start(
+        probes: &mut Probes,
+        devices: &GpuDevices,
+        nvml: bool,
+        redact_cmdline: bool,
+    ) -> Self {
+        let now = boottime_ns();
+        let mut data = vec![EventData::GpuDevices {
+            majors: devices.majors.clone(),
+            devs: devices.devs.clone(),
+        }];
+        let snapshot = procfs::snapshot(devices, redact_cmdline);
+        let mut described = HashSet::new();
+        let mut holders = Vec::new();
+        for d in &snapshot {
+            match d {
+                EventData::SnapshotFd { holder, .. } => holders.push(*holder),
+                EventData::ProcInfo(p) => {
+                    described.insert(p.pid);
+                }
+                _ => {}
+            }
+        }
+        if let Err(e) = probes.add_holders(holders) {
+            warn!("could not mark the current GPU holders: {e}");
+        }
+        data.extend(snapshot);
+        let startup = data
+            .into_iter()
+            .map(|data| Event {
+                ts_ns: now,
+                cpu: 0,
+                pid: 0,
+                tid: 0,
+                data,
+            })
+            .collect();
+        let nvml = nvml
+            .then(|| {
+                let (tx, rx) = unbounded_channel();
+                match NvmlSampler::start(tx) {
+                    Ok(s) => {
+                        info!("{}", s.description);
+                        Some((s, rx))
+                    }
+                    Err(e) => {
+                        eprintln!("linger: {e}");
+                        None
+                    }
+                }
+            })
+            .flatten();
+        Self {
+            startup,
+            nvml,
+            redact_cmdline,
+            described,
+        }
+    }
+
+    /// Events describing the state at start, to go first in the stream.
+    pub fn take_startup(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.startup)
+    }
+
+    /// The next NVML reading (never resolves without NVML).
+    pub async fn next_nvml(&mut self) -> Option<Event> {
+        match &mut self.nvml {
+            Some((_, rx)) => rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The switch for millisecond NVML sampling, while GPU memory is awaited; None without
+    /// NVML.
+    pub fn fast_switch(&self) -> Option<Arc<AtomicBool>> {
+        self.nvml.as_ref().map(|(s, _)| s.fast_switch())
+    }
+
+    /// /proc facts about a process that just became (or was born) a GPU holder, read now
+    /// while it is alive.
+    pub fn enrich(&mut self, e: &Event) -> Option<Event> {
+        let pid = match &e.data {
+            EventData::GpuFd {
+                op: FdOp::Open | FdOp::Dup,
+                ..
+            } => e.pid,
+            EventData::Fork { child_pid, .. } if self.described.contains(&e.pid) => *child_pid,
+            EventData::Exec { .. } if self.described.contains(&e.pid) => {
+                // A new image: a new command line.
+                self.described.remove(&e.pid);
+                e.pid
+            }
+            EventData::TaskExit {
+                group_dead: true, ..
+            } => {
+                self.described.remove(&e.pid);
+                return None;
+            }
+            _ => return None,
+        };
+        if !self.described.insert(pid) {
+            return None;
+        }
+        procfs::proc_info(pid, self.redact_cmdline).map(|info| Event {
+            ts_ns: e.ts_ns,
+            cpu: e.cpu,
+            pid,
+            tid: pid,
+            data: EventData::ProcInfo(info),
+        })
+    }
+}
