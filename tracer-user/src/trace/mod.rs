@@ -16,3 +16,6 @@ pub mod writer;
 pub use meta::{EndSummary, TraceMeta};
 pub use reader::{TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterOptions};
+
+#[cfg(test)]
+mod tests;
