@@ -48,6 +48,8 @@ fn main() -> Result<()> {
             let f = open(device, false)?;
             let child = Command::new(env::current_exe()?)
                 .args([device, "hold"])
+                // Only the parent's `ready` line goes to the test.
+                .stdout(std::process::Stdio::null())
                 .spawn()
                 .context("spawning the holder")?;
             ready(&[child.id()])?;

@@ -85,7 +85,7 @@ impl Holders {
         match &e.data {
             EventData::Fork {
                 child_pid,
-                files_shared: _,
+                files_shared,
                 comm,
             } => {
                 // A copied table holds the same files; a shared one (CLONE_FILES) too, and
@@ -95,15 +95,15 @@ impl Holders {
                     .get(&e.pid)
                     .map(|p| p.fds.clone())
                     .unwrap_or_default();
+                let (from, t_ns) = (e.pid, e.ts_ns);
+                let how = if *files_shared {
+                    How::SharedTable { from, t_ns }
+                } else {
+                    How::Fork { from, t_ns }
+                };
                 let fds = fds
                     .into_iter()
-                    .map(|(n, fd)| {
-                        let how = How::Fork {
-                            from: e.pid,
-                            t_ns: e.ts_ns,
-                        };
-                        (n, Fd { how, ..fd })
-                    })
+                    .map(|(n, fd)| (n, Fd { how, ..fd }))
                     .collect();
                 self.procs.insert(
                     *child_pid,
@@ -147,10 +147,12 @@ impl Holders {
                 };
                 match op {
                     FdOp::Open | FdOp::Dup | FdOp::HeldAtExec => {
+                        let earlier = self.before_exec.get(&e.pid).and_then(|b| b.get(fd));
                         let p = self.procs.entry(e.pid).or_default();
                         let keep = p
                             .fds
                             .get(fd)
+                            .or(earlier)
                             .filter(|old| old.file == file)
                             .map(|old| old.how);
                         p.fds.insert(
@@ -301,5 +303,54 @@ impl Holders {
             }
         }
         file
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(pid: u32, ts_ns: u64, data: EventData) -> Event {
+        Event {
+            ts_ns,
+            cpu: 0,
+            pid,
+            tid: pid,
+            data,
+        }
+    }
+
+    fn fd(op: FdOp, fd: i32, file: u64) -> EventData {
+        EventData::GpuFd {
+            op,
+            fd,
+            dev: 7,
+            cloexec: false,
+            truncated: false,
+            file,
+            refcount: 1,
+        }
+    }
+
+    /// The event sequence of the fork-holder scenario as recorded by `linger live --events`.
+    #[test]
+    fn a_descriptor_inherited_then_kept_across_exec_stays_inherited() {
+        let mut h = Holders::default();
+        let file = 0xffff_0000_0000_1000;
+        h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
+        h.on_event(&ev(
+            10,
+            2,
+            EventData::Fork {
+                child_pid: 11,
+                files_shared: false,
+                comm: "c".into(),
+            },
+        ));
+        h.on_event(&ev(11, 3, EventData::Exec { comm: "c".into() }));
+        h.on_event(&ev(11, 4, fd(FdOp::HeldAtExec, 3, file)));
+        let holders = h.holders_of(&[file], 10);
+        assert_eq!(holders.len(), 1);
+        assert_eq!(holders[0].how, How::Fork { from: 10, t_ns: 2 });
     }
 }

@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
     child.wait()?;
     live_args.pids = vec![pid];
-    let incidents = live::trace(probes, &live_args, &mut std::io::stdout().lock())?;
+    let incidents = live::trace(probes, &live_args, None, &mut std::io::stdout().lock())?;
     if incidents.is_empty() {
         bail!("no incident seen for the demo child {pid}");
     }

@@ -74,8 +74,8 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let probes = load(&args)?;
-    eprintln!("linger: tracing fatal signals (Ctrl-C to stop)");
-    trace(probes, &args, &mut std::io::stdout().lock()).map(|_| ())
+    let ready = "linger: tracing fatal signals (Ctrl-C to stop)";
+    trace(probes, &args, Some(ready), &mut std::io::stdout().lock()).map(|_| ())
 }
 
 pub fn load(args: &Args) -> anyhow::Result<Probes> {
@@ -96,6 +96,7 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
 pub fn trace(
     mut probes: Probes,
     args: &Args,
+    ready: Option<&str>,
     out: &mut impl Write,
 ) -> anyhow::Result<Vec<Incident>> {
     let anchor = WallAnchor::now();
@@ -125,6 +126,10 @@ pub fn trace(
         args.recording.redact_cmdline,
     );
     let fast_nvml = gpu.fast_switch();
+    // Said once everything is attached and the holders at start are known.
+    if let Some(line) = ready {
+        eprintln!("{line}");
+    }
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(

@@ -44,8 +44,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
     args.live.recording.path = Some(args.output);
     let probes = live::load(&args.live)?;
-    eprintln!("linger: recording (Ctrl-C to stop)");
-    live::trace(probes, &args.live, &mut std::io::sink())?;
+    let ready = "linger: recording (Ctrl-C to stop)";
+    live::trace(probes, &args.live, Some(ready), &mut std::io::sink())?;
     Ok(())
 }
 

@@ -1,0 +1,380 @@
+//! GPU file holders, traced for real: a stand-in GPU device (a node for /dev/full, declared
+//! with --gpu-device) opened, dup'ed, inherited, exec'ed and closed by real processes, which
+//! the tests then SIGKILL.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc::{channel, Receiver},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::{signal::Signal, stat::Mode},
+    unistd::Pid,
+};
+use serde_json::Value;
+
+const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
+
+fn linger() -> String {
+    std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
+}
+
+/// A char device node for /dev/full (1:7) in a fresh directory.
+fn stand_in_device(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("linger-gpu-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let node = dir.join("gpu0");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(1, 7),
+    )
+    .expect("mknod needs root");
+    node
+}
+
+/// `linger live --json --events` on the stand-in device, its stdout lines on a channel.
+struct Live {
+    child: Child,
+    lines: Receiver<Value>,
+}
+
+impl Live {
+    fn start(device: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(linger())
+            .args([
+                "live",
+                "--json",
+                "--events",
+                "--no-nvml",
+                "--duration",
+                "20s",
+            ])
+            .args(["--linger-after", "5s", "--gpu-device"])
+            .arg(device)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start linger");
+        let stderr = child.stderr.take().expect("stderr");
+        let (ready_tx, ready_rx) = channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("tracing") {
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("linger attached");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Everything printed until the incident of `pid` appears (events included).
+    fn until_incident(&self, pid: u32) -> (Value, Vec<Value>) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let Ok(v) = self.lines.recv_timeout(left) else {
+                break;
+            };
+            if v["type"] == "incident" && v["target"]["pid"] == pid {
+                return (v, seen);
+            }
+            seen.push(v);
+        }
+        panic!("no incident for pid {pid}");
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A scenario process and the pids on its `ready` line (itself first).
+struct Scenario {
+    child: Child,
+    pids: Vec<u32>,
+}
+
+impl Scenario {
+    fn start(device: &Path, name: &str) -> Self {
+        let mut child = Command::new(SCENARIO)
+            .arg(device)
+            .arg(name)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start scenario");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("ready line");
+        let pids: Vec<u32> = line
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
+            .split_whitespace()
+            .map(|p| p.parse().expect("pid"))
+            .collect();
+        Self { child, pids }
+    }
+
+    fn kill(&mut self) {
+        kill(self.pids[0]);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn kill(pid: u32) {
+    nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill");
+}
+
+/// The GPU descriptor records of `pid` among printed events, as (op, fd, file).
+fn fd_events(events: &[Value], pid: u32) -> Vec<(String, i64, u64)> {
+    events
+        .iter()
+        .filter(|v| v["type"] == "event" && v["event"]["pid"] == pid)
+        .map(|v| &v["event"]["data"])
+        .filter(|d| d["kind"] == "gpu_fd")
+        .map(|d| {
+            (
+                d["op"].as_str().unwrap_or_default().to_string(),
+                d["fd"].as_i64().unwrap_or(-1),
+                d["file"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn held_fds(incident: &Value) -> Vec<i64> {
+    let mut fds: Vec<i64> = incident["gpu"]["files"]
+        .as_array()
+        .expect("the incident has GPU files")
+        .iter()
+        .map(|f| f["fd"].as_i64().expect("fd"))
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+#[test]
+fn open_dup_and_close_are_followed_to_the_exit() {
+    let device = stand_in_device("dup");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "dup-close");
+    let pid = s.pids[0];
+    s.kill();
+    let (incident, events) = live.until_incident(pid);
+    let ops = fd_events(&events, pid);
+    let opened: Vec<_> = ops.iter().filter(|(op, ..)| op == "open").collect();
+    assert_eq!(opened.len(), 1, "one open: {ops:?}");
+    let file = opened[0].2;
+    let dups: Vec<i64> = ops
+        .iter()
+        .filter(|(op, ..)| op == "dup")
+        .map(|o| o.1)
+        .collect();
+    assert_eq!(dups.len(), 3, "dup, dup2 and F_DUPFD_CLOEXEC: {ops:?}");
+    assert!(
+        dups.contains(&60),
+        "F_DUPFD_CLOEXEC asked for 60 or above: {dups:?}"
+    );
+    let closed: Vec<i64> = ops
+        .iter()
+        .filter(|(op, ..)| op == "close")
+        .map(|o| o.1)
+        .collect();
+    assert_eq!(closed.len(), 1, "{ops:?}");
+    assert!(
+        ops.iter().all(|o| o.2 == file),
+        "every descriptor is the same open file"
+    );
+    // At death: the open one and the two remaining dups, not the closed one.
+    let mut expected: Vec<i64> = vec![opened[0].1];
+    expected.extend(dups.iter().filter(|d| !closed.contains(d)));
+    expected.sort_unstable();
+    assert_eq!(held_fds(&incident), expected);
+    assert_eq!(incident["holders"].as_array().map(Vec::len), Some(0));
+    assert!(
+        incident["gpu"]["t_files_released_ns"].as_u64() >= incident["t_group_dead_ns"].as_u64()
+    );
+}
+
+#[test]
+fn a_forked_child_keeps_the_file_until_it_dies() {
+    let device = stand_in_device("fork");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "fork-holder");
+    let (parent, child) = (s.pids[0], s.pids[1]);
+    s.kill();
+    // The parent is dead; its file lives on in the child until the child is killed too.
+    thread::sleep(Duration::from_millis(300));
+    let t_child_kill = Instant::now();
+    kill(child);
+    let (incident, events) = live.until_incident(parent);
+    let holders = incident["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{incident}");
+    assert_eq!(holders[0]["pid"], child);
+    assert_eq!(
+        holders[0]["ppid"], parent,
+        "ppid as recorded while the parent lived"
+    );
+    assert_eq!(holders[0]["how"], "fork");
+    assert_eq!(holders[0]["from"], parent);
+    let dead = incident["t_group_dead_ns"].as_u64().expect("group died");
+    let released = incident["gpu"]["t_files_released_ns"]
+        .as_u64()
+        .expect("released");
+    assert!(
+        released > dead + 200_000_000,
+        "released only when the child died: {incident}"
+    );
+    // The child's own death shows the same open file, now with nobody else holding it.
+    let child_exit = fd_events(&events, child);
+    let (incident_child, _) = live.until_incident(child);
+    assert!(t_child_kill.elapsed() < Duration::from_secs(15));
+    assert_eq!(incident_child["holders"].as_array().map(Vec::len), Some(0));
+    let parent_file = incident["gpu"]["files"][0]["file"].clone();
+    assert_eq!(
+        incident_child["gpu"]["files"][0]["file"], parent_file,
+        "{child_exit:?}"
+    );
+}
+
+#[test]
+fn a_child_sharing_the_descriptor_table_is_a_holder() {
+    let device = stand_in_device("shared");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "shared-table");
+    let (parent, child) = (s.pids[0], s.pids[1]);
+    s.kill();
+    thread::sleep(Duration::from_millis(200));
+    kill(child);
+    let (incident, _) = live.until_incident(parent);
+    let holders = incident["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{incident}");
+    assert_eq!(holders[0]["pid"], child);
+    assert_eq!(holders[0]["how"], "shared_table");
+}
+
+#[test]
+fn exec_keeps_only_descriptors_without_close_on_exec() {
+    let device = stand_in_device("exec");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "exec");
+    let pid = s.pids[0];
+    s.kill();
+    let (incident, events) = live.until_incident(pid);
+    let ops = fd_events(&events, pid);
+    let opened: Vec<i64> = ops
+        .iter()
+        .filter(|(op, ..)| op == "open")
+        .map(|o| o.1)
+        .collect();
+    let kept: Vec<i64> = ops
+        .iter()
+        .filter(|(op, ..)| op == "held_at_exec")
+        .map(|o| o.1)
+        .collect();
+    assert_eq!(opened.len(), 2, "{ops:?}");
+    assert_eq!(
+        kept.len(),
+        1,
+        "only the descriptor without O_CLOEXEC survives: {ops:?}"
+    );
+    assert_eq!(held_fds(&incident), kept);
+}
+
+#[test]
+fn a_process_that_closed_its_file_holds_nothing_when_killed() {
+    let device = stand_in_device("close");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "close");
+    let pid = s.pids[0];
+    s.kill();
+    let (incident, events) = live.until_incident(pid);
+    let ops: Vec<String> = fd_events(&events, pid).into_iter().map(|o| o.0).collect();
+    assert_eq!(ops, ["open", "close"]);
+    assert!(incident["gpu"].is_null(), "{incident}");
+}
+
+#[test]
+fn a_holder_from_before_tracing_began_is_known() {
+    let device = stand_in_device("before");
+    let mut s = Scenario::start(&device, "held-before");
+    let pid = s.pids[0];
+    let live = Live::start(&device, &[]);
+    s.kill();
+    let (incident, events) = live.until_incident(pid);
+    let snapshot = events.iter().any(|v| {
+        let d = &v["event"]["data"];
+        d["kind"] == "snapshot_fd" && d["holder"] == pid
+    });
+    assert!(snapshot, "the start-up snapshot lists it");
+    // The kernel walked its table at death because user space seeded the holder set.
+    assert_eq!(
+        fd_events(&events, pid)
+            .iter()
+            .filter(|o| o.0 == "held_at_exit")
+            .count(),
+        1
+    );
+    assert_eq!(held_fds(&incident).len(), 1);
+}
+
+#[test]
+fn holders_command_shows_processes_sharing_an_open_file() {
+    let device = stand_in_device("holders");
+    let s = Scenario::start(&device, "fork-holder");
+    let out = Command::new(linger())
+        .args(["holders", "--json", "--gpu-device"])
+        .arg(&device)
+        .output()
+        .expect("run linger holders");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = report["holders"].as_array().expect("holders");
+    let row = |pid: u32| {
+        rows.iter()
+            .find(|r| r["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} missing from {report}"))
+    };
+    let (parent, child) = (row(s.pids[0]), row(s.pids[1]));
+    assert_eq!(child["ppid"], s.pids[0]);
+    assert_eq!(
+        parent["file_groups"], child["file_groups"],
+        "the same open file"
+    );
+}
