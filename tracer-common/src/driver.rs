@@ -36,6 +36,8 @@ pub const NV01_ROOT: u32 = 0x0;
 pub const NV01_ROOT_NON_PRIV: u32 = 0x1;
 pub const NV01_ROOT_CLIENT: u32 = 0x41;
 pub const NV01_MEMORY_SYSTEM: u32 = 0x3E;
+/// System memory described by the caller (RM_ALLOC_MEMORY of a user buffer).
+pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
 pub const NV01_MEMORY_LOCAL_PRIVILEGED: u32 = 0x3F;
 pub const NV01_MEMORY_LOCAL_USER: u32 = 0x40;
 pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tracer_common::driver::{
     self, NV01_MEMORY_LOCAL_PHYSICAL, NV01_MEMORY_LOCAL_PRIVILEGED, NV01_MEMORY_LOCAL_USER,
-    NV01_MEMORY_SYSTEM, NV01_ROOT, NV01_ROOT_CLIENT, NV01_ROOT_NON_PRIV, NV50_MEMORY_VIRTUAL,
-    NV_MEMORY_FABRIC,
+    NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, NV01_ROOT, NV01_ROOT_CLIENT,
+    NV01_ROOT_NON_PRIV, NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
 };
 
 use super::holders::FileId;
@@ -167,7 +167,7 @@ impl Ledger {
                 | NV01_MEMORY_LOCAL_PRIVILEGED
                 | NV01_MEMORY_LOCAL_PHYSICAL
                 | NV_MEMORY_FABRIC => b.video += o.size,
-                NV01_MEMORY_SYSTEM => b.system += o.size,
+                NV01_MEMORY_SYSTEM | NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => b.system += o.size,
                 NV50_MEMORY_VIRTUAL => b.virtual_reserved += o.size,
                 _ => {}
             }
@@ -213,6 +213,7 @@ pub fn class_name(class: u32) -> &'static str {
     match class {
         NV01_MEMORY_LOCAL_USER => "NV01_MEMORY_LOCAL_USER",
         NV01_MEMORY_SYSTEM => "NV01_MEMORY_SYSTEM",
+        NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => "NV01_MEMORY_SYSTEM_OS_DESCRIPTOR",
         NV01_MEMORY_LOCAL_PRIVILEGED => "NV01_MEMORY_LOCAL_PRIVILEGED",
         NV01_MEMORY_LOCAL_PHYSICAL => "NV01_MEMORY_LOCAL_PHYSICAL",
         NV_MEMORY_FABRIC => "NV_MEMORY_FABRIC",

@@ -109,11 +109,11 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
         ));
     }
     if gpu.t_memory_back_ns.is_none() && inc.t_group_dead_ns.is_some() {
-        steps.push(if inc.holders.is_empty() {
-            "memory not seen back yet".to_string()
-        } else {
-            "memory still in use: other processes hold its GPU files".to_string()
-        });
+        if gpu.t_files_released_ns.is_none() && !inc.holders.is_empty() {
+            steps.push("memory still in use: other processes hold its GPU files".to_string());
+        } else if gpu.bytes_nvml.is_some() {
+            steps.push("NVML did not show the memory back".to_string());
+        }
     }
     if !steps.is_empty() {
         let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
@@ -129,10 +129,16 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
                 "holds the same open file".into()
             }
         };
+        // A child of the dead target was reparented; its new parent is not in the stream.
+        let parent = if h.ppid == inc.target.pid {
+            "reparented when its parent died".to_string()
+        } else {
+            format!("ppid {}", h.ppid)
+        };
         let _ = writeln!(
             s,
-            "{INDENT}holder {}[{}] ({how}, ppid now {}) — fds {:?}",
-            h.comm, h.pid, h.ppid, h.fds
+            "{INDENT}holder {}[{}] ({how}; {parent}) holds fds {:?}",
+            h.comm, h.pid, h.fds
         );
     }
 }
