@@ -102,11 +102,14 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
     if let Some(t) = gpu.t_memory_back_ns {
         steps.push(format!("memory back at +{}", ms(inc.ms_after_signal(t))));
     }
+    // When others held the files, or NVML cannot tell, the last holder's end is the news.
     if let Some(t) = gpu.t_files_released_ns {
-        steps.push(format!(
-            "GPU files released at +{}",
-            ms(inc.ms_after_signal(t))
-        ));
+        if !inc.holders.is_empty() || gpu.t_memory_back_ns.is_none() {
+            steps.push(format!(
+                "last holder of its GPU files gone at +{}",
+                ms(inc.ms_after_signal(t))
+            ));
+        }
     }
     if gpu.t_memory_back_ns.is_none() && inc.t_group_dead_ns.is_some() {
         if gpu.t_files_released_ns.is_none() && !inc.holders.is_empty() {
