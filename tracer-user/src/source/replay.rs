@@ -7,8 +7,9 @@ use super::decode::decode;
 use crate::{
     event::{Event, EventData},
     trace::{
+        prefetch::Prefetch,
         reader::{ReadStats, TraceReader},
-        record::Record,
+        record::{Record, Records},
         snapshot::Process,
         EndSummary, TraceError, TraceMeta,
     },
@@ -27,32 +28,56 @@ pub struct ReplayStats {
 }
 
 pub struct Replay<R> {
-    reader: TraceReader<R>,
+    meta: TraceMeta,
+    chunks: Chunks<R>,
+    /// What the prefetching thread met, once it is done.
+    read_stats: ReadStats,
     processes: Vec<Process>,
     end: Option<EndSummary>,
     stats: ReplayStats,
     read_to_end: bool,
 }
 
+enum Chunks<R> {
+    Direct(Box<TraceReader<R>>),
+    Prefetched(Prefetch),
+}
+
 impl Replay<File> {
+    /// Reads the file's chunks on a second thread.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
-        Self::new(File::open(path)?)
+        let reader = TraceReader::new(File::open(path)?)?;
+        Ok(Self::with(
+            reader.meta().clone(),
+            Chunks::Prefetched(Prefetch::start(reader)),
+        ))
     }
 }
 
 impl<R: Read> Replay<R> {
+    /// Reads `input` on the caller's thread.
     pub fn new(input: R) -> Result<Self, TraceError> {
-        Ok(Self {
-            reader: TraceReader::new(input)?,
+        let reader = TraceReader::new(input)?;
+        Ok(Self::with(
+            reader.meta().clone(),
+            Chunks::Direct(Box::new(reader)),
+        ))
+    }
+
+    fn with(meta: TraceMeta, chunks: Chunks<R>) -> Self {
+        Self {
+            meta,
+            chunks,
+            read_stats: ReadStats::default(),
             processes: Vec::new(),
             end: None,
             stats: ReplayStats::default(),
             read_to_end: false,
-        })
+        }
     }
 
     pub fn meta(&self) -> &TraceMeta {
-        self.reader.meta()
+        &self.meta
     }
 
     /// Feeds every event to `sink` in recorded order until it breaks or the file ends;
@@ -62,8 +87,13 @@ impl<R: Read> Replay<R> {
         mut sink: impl FnMut(&Event) -> ControlFlow<()>,
         mut progress: impl FnMut(u64),
     ) -> std::io::Result<()> {
-        while let Some(chunk) = self.reader.next_chunk()? {
-            for record in chunk.records() {
+        loop {
+            let next = match &mut self.chunks {
+                Chunks::Direct(r) => r.next_chunk()?.map(|c| (c.body, c.end_offset)),
+                Chunks::Prefetched(p) => p.next_body()?,
+            };
+            let Some((body, offset)) = next else { break };
+            for record in Records::new(body) {
                 let event = match record {
                     Ok(Record::Kernel(raw)) => match decode(raw) {
                         Ok(e) => e,
@@ -102,13 +132,24 @@ impl<R: Read> Replay<R> {
                 };
                 self.stats.events += 1;
                 if sink(&event).is_break() {
+                    self.stop();
                     return Ok(());
                 }
             }
-            progress(self.reader.offset());
+            progress(offset);
         }
+        self.stop();
         self.read_to_end = true;
         Ok(())
+    }
+
+    /// Ends the prefetching thread, keeping what it met.
+    fn stop(&mut self) {
+        if let Chunks::Prefetched(p) = &mut self.chunks {
+            if let Some(stats) = p.finish() {
+                self.read_stats = stats;
+            }
+        }
     }
 
     /// The last `run` read the whole file (the sink did not stop it).
@@ -120,8 +161,12 @@ impl<R: Read> Replay<R> {
         &self.stats
     }
 
+    /// Damage met so far (with a prefetching reader: once `run` returned).
     pub fn read_stats(&self) -> &ReadStats {
-        self.reader.stats()
+        match &self.chunks {
+            Chunks::Direct(r) => r.stats(),
+            Chunks::Prefetched(_) => &self.read_stats,
+        }
     }
 
     /// Processes alive when recording started (empty until the replay has read them).

@@ -8,6 +8,7 @@
 pub mod format;
 mod input;
 pub mod meta;
+pub mod prefetch;
 pub mod reader;
 pub mod record;
 pub mod snapshot;

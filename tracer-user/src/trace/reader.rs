@@ -62,6 +62,8 @@ pub struct Chunk<'a> {
     pub records: u32,
     pub t_first_ns: u64,
     pub t_last_ns: u64,
+    /// File offset after this chunk.
+    pub end_offset: u64,
     pub body: &'a [u8],
 }
 
@@ -274,6 +276,7 @@ impl<R: Read> TraceReader<R> {
                 records: h.records,
                 t_first_ns: h.t_first_ns,
                 t_last_ns: h.t_last_ns,
+                end_offset: self.input.offset(),
                 body: &self.body,
             }));
         }
