@@ -2,7 +2,10 @@
 //! process and thread, incidents and their phases as slices, signals and other events as
 //! instants. Written as it goes, so memory stays bounded by the number of tasks.
 
-use std::{collections::BTreeMap, io::Write};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::Write,
+};
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -19,7 +22,13 @@ pub struct ChromeTrace<W: Write> {
     first: bool,
     processes: BTreeMap<u32, String>,
     threads: BTreeMap<(u32, u32), String>,
+    /// (GPU, pid) pairs NVML listed in its last sample: a pair that leaves the list has
+    /// freed its memory, drawn as a drop to zero.
+    nvml_holders: BTreeSet<(u32, u32)>,
 }
+
+/// Pid of the track holding whole-GPU counters.
+const GPUS_PID: u32 = 0;
 
 /// One trace event; `ts` and `dur` in microseconds.
 #[derive(Serialize)]
@@ -51,6 +60,7 @@ impl<W: Write> ChromeTrace<W> {
             first: true,
             processes: BTreeMap::new(),
             threads: BTreeMap::new(),
+            nvml_holders: BTreeSet::new(),
         })
     }
 
@@ -126,6 +136,38 @@ impl<W: Write> ChromeTrace<W> {
                 s: Some("g"),
                 args: json!({"count": count}),
             }),
+            EventData::Nvml { gpus } => {
+                let mut holders = BTreeSet::new();
+                for gpu in gpus {
+                    let name = format!("GPU{} memory used", gpu.index);
+                    self.counter(&name, GPUS_PID, e.ts_ns, gpu.used)?;
+                    for p in &gpu.processes {
+                        if let Some(used) = p.used {
+                            holders.insert((gpu.index, p.pid));
+                            self.counter(
+                                &format!("GPU{} memory", gpu.index),
+                                p.pid,
+                                e.ts_ns,
+                                used,
+                            )?;
+                        }
+                    }
+                }
+                let gone: Vec<(u32, u32)> =
+                    self.nvml_holders.difference(&holders).copied().collect();
+                for (gpu, pid) in gone {
+                    self.counter(&format!("GPU{gpu} memory"), pid, e.ts_ns, 0)?;
+                }
+                self.nvml_holders = holders;
+                self.processes
+                    .entry(GPUS_PID)
+                    .or_insert_with(|| "GPUs (NVML)".into());
+                Ok(())
+            }
+            EventData::ProcInfo(info) => {
+                self.name(info.pid, None, &info.comm);
+                Ok(())
+            }
             EventData::Tick | EventData::BenchTick => Ok(()),
             // Kinds without a drawing of their own: an instant named by the kind, its fields
             // as arguments.
@@ -222,6 +264,21 @@ impl<W: Write> ChromeTrace<W> {
         })
     }
 
+    /// A point of a counter track of process `pid`.
+    fn counter(&mut self, name: &str, pid: u32, ts_ns: u64, bytes: u64) -> std::io::Result<()> {
+        self.write(&TraceEvent {
+            name,
+            cat: "nvml",
+            ph: "C",
+            ts: us(ts_ns),
+            dur: None,
+            pid,
+            tid: 0,
+            s: None,
+            args: json!({ "bytes": bytes }),
+        })
+    }
+
     fn metadata(&mut self, kind: &str, pid: u32, tid: u32, name: &str) -> std::io::Result<()> {
         self.write(&TraceEvent {
             name: kind,
@@ -243,5 +300,56 @@ impl<W: Write> ChromeTrace<W> {
         self.first = false;
         serde_json::to_writer(&mut self.out, event)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{NvmlGpu, NvmlProcess};
+
+    fn nvml(ts_ns: u64, holders: &[(u32, u64)]) -> Event {
+        let processes = holders
+            .iter()
+            .map(|&(pid, used)| NvmlProcess {
+                pid,
+                used: Some(used),
+            })
+            .collect();
+        Event {
+            ts_ns,
+            cpu: 0,
+            pid: 0,
+            tid: 0,
+            data: EventData::Nvml {
+                gpus: vec![NvmlGpu {
+                    index: 0,
+                    used: holders.iter().map(|h| h.1).sum(),
+                    total: 1 << 34,
+                    processes,
+                }],
+            },
+        }
+    }
+
+    #[test]
+    fn nvml_memory_is_a_counter_that_drops_when_a_holder_leaves() {
+        let mut t = ChromeTrace::new(Vec::new()).expect("in memory");
+        t.on_event(&nvml(1_000, &[(42, 1 << 30)]))
+            .expect("in memory");
+        t.on_event(&nvml(2_000, &[])).expect("in memory");
+        let doc: Value = serde_json::from_slice(&t.finish().expect("in memory")).expect("JSON");
+        let counters: Vec<(u64, f64, u64)> = doc["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == "GPU0 memory")
+            .map(|e| {
+                let pid = e["pid"].as_u64().expect("pid");
+                let bytes = e["args"]["bytes"].as_u64().expect("bytes");
+                (pid, e["ts"].as_f64().expect("ts"), bytes)
+            })
+            .collect();
+        assert_eq!(counters, vec![(42, 1.0, 1 << 30), (42, 2.0, 0)]);
     }
 }
