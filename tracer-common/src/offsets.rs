@@ -26,6 +26,8 @@ pub struct KernelOffsets {
     /// 1 when `file_refcount` is `f_ref`, whose raw value is one less than the count.
     pub file_refcount_bias: u32,
     pub inode_rdev: u32,
+    /// `file.private_data`: the NVIDIA driver keeps its per-open state there.
+    pub file_private_data: u32,
 }
 
 #[cfg(feature = "user")]

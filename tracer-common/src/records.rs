@@ -19,6 +19,9 @@ pub enum Kind {
     GpuFd = 7,
     GpuCloseRange = 8,
     GpuIoctl = 9,
+    TeardownSample = 10,
+    KthreadWakeup = 11,
+    DriverCall = 13,
     /// Emitted only by the benchmark program to measure ring buffer throughput.
     BenchTick = 100,
 }
@@ -35,6 +38,9 @@ impl Kind {
             7 => Self::GpuFd,
             8 => Self::GpuCloseRange,
             9 => Self::GpuIoctl,
+            10 => Self::TeardownSample,
+            11 => Self::KthreadWakeup,
+            13 => Self::DriverCall,
             100 => Self::BenchTick,
             _ => return None,
         })
@@ -226,6 +232,113 @@ pub struct GpuIoctl {
     pub size: u64,
 }
 
+/// What a [`TeardownSample`] saw.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKind {
+    /// The thread was on a CPU (perf cpu-clock sample).
+    OnCpu = 1,
+    /// The thread went to sleep (switched out not runnable); `stack_id` is where.
+    BlockStart = 2,
+    /// The thread ran again after `blocked_ns` asleep at `stack_id`.
+    BlockEnd = 3,
+}
+
+impl SampleKind {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::OnCpu,
+            2 => Self::BlockStart,
+            3 => Self::BlockEnd,
+            _ => return None,
+        })
+    }
+}
+
+/// A kernel stack of a thread of a dying GPU process (or of a driver kthread it woke).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TeardownSample {
+    pub kind: u32,
+    /// Id in the STACKS map; negative when the kernel could not take the stack.
+    pub stack_id: i32,
+    /// The dying process this time belongs to.
+    pub owner: u32,
+    /// The thread sampled (for BlockEnd not the running task of the header).
+    pub tid: u32,
+    pub blocked_ns: u64,
+}
+
+/// The dying process woke a driver kthread (deferred close or release work).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KthreadWakeup {
+    pub kthread_tid: u32,
+    pub owner: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Kernel functions on the release path of a GPU file, timed by the driver hooks. Stable ids.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverFunc {
+    /// `__fput(struct file *)` of a GPU file: the whole release, driver included.
+    Fput = 1,
+    /// `nvidia_close(struct inode *, struct file *)`: the driver's release of /dev/nvidia*.
+    NvidiaClose = 2,
+    /// `rm_cleanup_file_private(sp, nv, nvfp)`: the RM frees the file's clients (and memory).
+    RmCleanupFilePrivate = 3,
+    /// `uvm_release_entry(struct inode *, struct file *)`: release of /dev/nvidia-uvm.
+    UvmReleaseEntry = 4,
+    /// `nvidia_close_deferred(void *nvlfp)`: a close the driver handed to its kthread.
+    NvidiaCloseDeferred = 5,
+    /// `nvidia_unlocked_ioctl(struct file *, cmd, arg)`.
+    NvidiaUnlockedIoctl = 6,
+}
+
+impl DriverFunc {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Fput,
+            2 => Self::NvidiaClose,
+            3 => Self::RmCleanupFilePrivate,
+            4 => Self::UvmReleaseEntry,
+            5 => Self::NvidiaCloseDeferred,
+            6 => Self::NvidiaUnlockedIoctl,
+            _ => return None,
+        })
+    }
+}
+
+/// [`DriverCall::phase`].
+pub const CALL_ENTRY: u16 = 1;
+pub const CALL_EXIT: u16 = 2;
+
+/// [`DriverCall::hook`]: which kind of program saw the call.
+pub const HOOK_FENTRY: u16 = 1;
+pub const HOOK_KPROBE: u16 = 2;
+
+/// Entry to or exit from a [`DriverFunc`], on the thread in the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DriverCall {
+    pub func: u32,
+    pub phase: u16,
+    pub hook: u16,
+    /// Kernel address of the `struct file` (as in [`GpuFd::file`]); for functions without a
+    /// file argument, that of the enclosing close on this thread; 0 when unknown.
+    pub file: u64,
+    /// `i_rdev` of that file (kernel encoding), 0 when unknown.
+    pub dev: u32,
+    pub _pad: u32,
+    /// Entry of `nvidia_unlocked_ioctl`: the command. Exit of a function returning int/long:
+    /// its return value, sign-extended. Otherwise 0.
+    pub value: i64,
+    /// Exit: nanoseconds since the matching entry on this thread; 0 when the entry was not
+    /// seen (the call began before the hooks were attached).
+    pub duration_ns: u64,
+}
+
 /// Filler record of a typical size, written only by the benchmark program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -260,6 +373,9 @@ payloads!(
     GpuFd,
     GpuCloseRange,
     GpuIoctl,
+    TeardownSample,
+    KthreadWakeup,
+    DriverCall,
     BenchTick
 );
 

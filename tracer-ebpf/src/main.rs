@@ -4,12 +4,14 @@
 
 mod bench;
 mod doctor;
+mod driver_hooks;
 mod emit;
 mod files;
 mod ioctl;
 mod process;
 mod signal;
 mod task;
+mod teardown;
 
 #[cfg(not(test))]
 #[panic_handler]

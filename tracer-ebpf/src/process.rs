@@ -11,6 +11,7 @@ use crate::{
     emit::{emit, is_tracked, TRACKED},
     files::{is_holder, walk, HOLDERS},
     task::Task,
+    teardown::stop_dying,
 };
 
 /// tp_btf sched_process_fork(struct task_struct *parent, struct task_struct *child).
@@ -104,7 +105,11 @@ pub fn wait4_exit(ctx: TracePointContext) -> i32 {
 pub fn process_free(ctx: BtfTracePointContext) -> i32 {
     let task = Task(ctx.arg::<*const u8>(0));
     let pid = task.pid();
-    if pid != task.tgid() || !is_tracked(pid) {
+    if pid != task.tgid() {
+        return 0;
+    }
+    stop_dying(pid);
+    if !is_tracked(pid) {
         return 0;
     }
     reaped(pid, ReapHow::Freed);

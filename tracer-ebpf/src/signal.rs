@@ -10,7 +10,9 @@ use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
     emit::{current_ids, emit, is_tracked, TRACKED},
+    files::is_holder,
     task::Task,
+    teardown::start_dying,
 };
 
 const SIGCHLD: u32 = 17;
@@ -57,6 +59,10 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     let result: i32 = ctx.arg(4);
     let target_pid = target.tgid();
     if fatal {
+        if is_holder(target_pid) {
+            // Its teardown is what the stack sampling is for.
+            start_dying(target_pid);
+        }
         if TRACKED.insert(target_pid, 0, 0).is_err() {
             warn!(
                 &ctx,

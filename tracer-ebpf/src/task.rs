@@ -22,6 +22,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     file_refcount: 0,
     file_refcount_bias: 0,
     inode_rdev: 0,
+    file_private_data: 0,
 };
 
 #[inline(always)]
@@ -121,6 +122,10 @@ pub fn file_dev(file: u64) -> u32 {
         return 0;
     }
     read::<u32>(inode, o.inode_rdev)
+}
+
+pub fn file_private_data(file: u64) -> u64 {
+    read::<u64>(file as *const u8, offsets().file_private_data)
 }
 
 pub fn file_refcount(file: u64) -> u64 {

@@ -26,6 +26,26 @@ impl From<tracer_common::FdOp> for FdOp {
     }
 }
 
+/// What a teardown sample saw (see `tracer_common::SampleKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleKind {
+    OnCpu,
+    BlockStart,
+    BlockEnd,
+}
+
+impl From<tracer_common::SampleKind> for SampleKind {
+    fn from(k: tracer_common::SampleKind) -> Self {
+        use tracer_common::SampleKind as K;
+        match k {
+            K::OnCpu => Self::OnCpu,
+            K::BlockStart => Self::BlockStart,
+            K::BlockEnd => Self::BlockEnd,
+        }
+    }
+}
+
 /// One event: a kernel record, or something the collector itself observed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -112,6 +132,28 @@ pub enum EventData {
         ctrl_cmd: u32,
         size: u64,
     },
+    /// A kernel stack of a dying GPU process's thread, or of a driver kthread working for it.
+    TeardownSample {
+        sample: SampleKind,
+        /// Key of a [`EventData::Stack`]; negative when the kernel took no stack.
+        stack_id: i32,
+        /// The dying process the time belongs to.
+        owner: u32,
+        tid: u32,
+        /// For `block_end`: how long the thread slept.
+        blocked_ns: u64,
+    },
+    /// The dying process woke a driver kthread ("nv_queue", "UVM deferred release queue").
+    KthreadWakeup {
+        kthread_tid: u32,
+        owner: u32,
+        comm: String,
+    },
+    /// A kernel stack, symbolized where it was recorded, innermost frame first.
+    Stack {
+        id: i32,
+        frames: Vec<String>,
+    },
     BenchTick,
     /// Which char devices are GPU files (written once at start).
     GpuDevices {
@@ -139,6 +181,99 @@ pub enum EventData {
     },
     /// The collector's clock advanced: lets time-based decisions replay exactly.
     Tick,
+    /// Entry to or exit from a function on a GPU file's release path (driver hooks).
+    DriverCall {
+        func: DriverFunc,
+        /// The return (`false`: the entry).
+        exit: bool,
+        hook: HookKind,
+        /// The `struct file` address, as in `GpuFd`; 0 when unknown.
+        file: u64,
+        /// Kernel dev_t of that file; 0 when unknown.
+        dev: u32,
+        /// Entry of `nvidia_unlocked_ioctl`: the command; exit of a function returning a
+        /// value: that value; else 0.
+        value: i64,
+        /// Exit: time since the entry on this thread; 0 when the entry was not seen.
+        duration_ns: u64,
+    },
+    /// How driver teardown is watched (written once at start).
+    Strategy(Strategy),
+}
+
+/// A function on a GPU file's release path (see `tracer_common::DriverFunc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverFunc {
+    Fput,
+    NvidiaClose,
+    RmCleanupFilePrivate,
+    UvmReleaseEntry,
+    NvidiaCloseDeferred,
+    NvidiaUnlockedIoctl,
+}
+
+impl DriverFunc {
+    /// The kernel symbol.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Self::Fput => "__fput",
+            Self::NvidiaClose => "nvidia_close",
+            Self::RmCleanupFilePrivate => "rm_cleanup_file_private",
+            Self::UvmReleaseEntry => "uvm_release_entry",
+            Self::NvidiaCloseDeferred => "nvidia_close_deferred",
+            Self::NvidiaUnlockedIoctl => "nvidia_unlocked_ioctl",
+        }
+    }
+}
+
+impl From<tracer_common::DriverFunc> for DriverFunc {
+    fn from(f: tracer_common::DriverFunc) -> Self {
+        use tracer_common::DriverFunc as K;
+        match f {
+            K::Fput => Self::Fput,
+            K::NvidiaClose => Self::NvidiaClose,
+            K::RmCleanupFilePrivate => Self::RmCleanupFilePrivate,
+            K::UvmReleaseEntry => Self::UvmReleaseEntry,
+            K::NvidiaCloseDeferred => Self::NvidiaCloseDeferred,
+            K::NvidiaUnlockedIoctl => Self::NvidiaUnlockedIoctl,
+        }
+    }
+}
+
+/// The kind of program that times a driver call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookKind {
+    /// fentry/fexit (BPF trampolines).
+    Fentry,
+    /// kprobe/kretprobe.
+    Kprobe,
+}
+
+/// Which driver hooks to use (`--driver-hooks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverHooks {
+    /// fentry where the kernel allows it, else kprobes, else none.
+    #[default]
+    Auto,
+    Fentry,
+    Kprobe,
+    Off,
+}
+
+/// The driver hooks chosen at load time, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Strategy {
+    pub requested: DriverHooks,
+    /// How `__fput` of GPU files is timed; None: not at all (tracepoints and stack sampling
+    /// only).
+    pub fput: Option<HookKind>,
+    /// NVIDIA driver functions timed by kprobes.
+    pub driver_functions: Vec<String>,
+    /// What was tried, in order, with the kernel's answers.
+    pub reasons: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,6 +11,8 @@ use super::{
     },
     ledger::Ledger,
     signals::{self, Origin, SIGCHLD, SIGKILL},
+    teardown::TeardownLog,
+    verdict,
 };
 use crate::event::{Event, EventData, NvmlGpu};
 
@@ -28,8 +30,11 @@ pub struct CorrelatorConfig {
     pub survive_after_ns: u64,
     /// A dead process not reaped this long after its group died is reported without a reap.
     pub reap_wait_ns: u64,
-    /// GPU memory not back this long after the group died is reported as lingering.
+    /// GPU memory not back this long after the group died is reported as lingering (and a
+    /// SIGKILLed process not dead by then as stuck).
     pub linger_after_ns: u64,
+    /// A teardown longer than this is `slow_teardown`.
+    pub slow_after_ns: u64,
 }
 
 impl Default for CorrelatorConfig {
@@ -40,6 +45,7 @@ impl Default for CorrelatorConfig {
             survive_after_ns: 1_000_000_000,
             reap_wait_ns: 5_000_000_000,
             linger_after_ns: 30_000_000_000,
+            slow_after_ns: 1_000_000_000,
         }
     }
 }
@@ -54,6 +60,12 @@ pub struct Correlator {
     ledger: Ledger,
     /// The latest NVML reading; None until one arrives (no NVML on this machine).
     nvml: Option<Vec<NvmlGpu>>,
+    /// Symbolized kernel stacks by id.
+    stacks: HashMap<i32, Vec<String>>,
+    /// Teardown samples by dying process.
+    teardown: HashMap<u32, TeardownLog>,
+    /// Incidents reported while their memory lingered, watched until it comes back.
+    lingering: HashMap<u32, Incident>,
 }
 
 impl Correlator {
@@ -98,7 +110,7 @@ impl Correlator {
                     );
                     if *result == RESULT_IGNORED {
                         // Discarded by the kernel at generation: nothing will happen.
-                        closed.push(close(inc, Outcome::Survived));
+                        closed.push(self.finalize(inc, Outcome::Survived));
                     } else {
                         self.open.insert(*target_pid, inc);
                     }
@@ -161,9 +173,35 @@ impl Correlator {
                 }
             }
             EventData::Nvml { gpus } => self.nvml_sample(e.ts_ns, gpus),
+            EventData::Stack { id, frames } => {
+                self.stacks.insert(*id, frames.clone());
+            }
+            EventData::TeardownSample {
+                sample,
+                stack_id,
+                owner,
+                tid,
+                blocked_ns,
+            } => self.teardown.entry(*owner).or_default().sample(
+                e.ts_ns,
+                *tid,
+                *sample,
+                *stack_id,
+                *blocked_ns,
+            ),
+            EventData::KthreadWakeup {
+                kthread_tid,
+                owner,
+                comm,
+            } => self.teardown.entry(*owner).or_default().wakeups.push((
+                e.ts_ns,
+                *kthread_tid,
+                comm.clone(),
+            )),
             _ => {}
         }
         self.expire(closed);
+        self.watch_lingering(closed);
     }
 
     /// Closes what is still open when the stream ends.
@@ -176,7 +214,7 @@ impl Correlator {
             } else {
                 Outcome::Pending
             };
-            closed.push(close(inc, outcome));
+            closed.push(self.finalize(inc, outcome));
         }
     }
 
@@ -259,6 +297,9 @@ impl Correlator {
             outcome: Outcome::Pending,
             gpu,
             holders: Vec::new(),
+            phases: Vec::new(),
+            verdict: None,
+            collateral: Vec::new(),
         }
     }
 
@@ -374,9 +415,13 @@ impl Correlator {
             .filter_map(|(&pid, inc)| {
                 let Some(dead) = inc.t_group_dead_ns else {
                     let catchable = inc.signal != SIGKILL && inc.signal != SIGSTOP;
-                    return (catchable
-                        && now.saturating_sub(inc.t_signal_ns) >= cfg.survive_after_ns)
-                        .then_some((pid, Outcome::Survived));
+                    let waited = now.saturating_sub(inc.t_signal_ns);
+                    if catchable && waited >= cfg.survive_after_ns {
+                        return Some((pid, Outcome::Survived));
+                    }
+                    // A SIGKILLed process still alive this long is stuck: say so now.
+                    return (!catchable && waited >= cfg.linger_after_ns)
+                        .then_some((pid, Outcome::Pending));
                 };
                 let since_death = now.saturating_sub(dead);
                 let reaped = inc.t_reaped_ns.is_some() || since_death >= cfg.reap_wait_ns;
@@ -396,9 +441,106 @@ impl Correlator {
         done.sort_by_key(|(pid, _)| self.open[pid].id);
         for (pid, outcome) in done {
             if let Some(inc) = self.open.remove(&pid) {
-                closed.push(close(inc, outcome));
+                let inc = self.finalize(inc, outcome);
+                let lingers = inc.gpu.as_ref().is_some_and(|g| {
+                    g.t_memory_back_ns.is_none() && g.t_files_released_ns.is_none()
+                });
+                if lingers && inc.t_group_dead_ns.is_some() {
+                    self.lingering.insert(pid, inc.clone());
+                }
+                closed.push(inc);
             }
         }
+    }
+
+    /// Reported-as-lingering incidents whose memory came back: an `incident_update`.
+    fn watch_lingering(&mut self, closed: &mut Vec<Incident>) {
+        if self.lingering.is_empty() {
+            return;
+        }
+        let now = self.now_ns;
+        let nvml = &self.nvml;
+        let listed = |pid: u32| {
+            nvml.as_ref().is_some_and(|gpus| {
+                gpus.iter()
+                    .any(|g| g.processes.iter().any(|p| p.pid == pid))
+            })
+        };
+        let mut back: Vec<u32> = Vec::new();
+        for (&pid, inc) in self.lingering.iter_mut() {
+            let Some(gpu) = inc.gpu.as_mut() else {
+                continue;
+            };
+            let files = unique_files(gpu.files.iter().map(|h| h.file));
+            if gpu.t_files_released_ns.is_none() && self.holders.holders_of(&files, pid).is_empty()
+            {
+                gpu.t_files_released_ns = Some(now);
+            }
+            let nvml_knows = gpu.nvml_used_before.is_some() && nvml.is_some();
+            if nvml_knows && !listed(pid) {
+                gpu.t_memory_back_ns = Some(now);
+            }
+            if gpu.t_memory_back_ns.is_some() || (!nvml_knows && gpu.t_files_released_ns.is_some())
+            {
+                back.push(pid);
+            }
+        }
+        back.sort_unstable();
+        for pid in back {
+            if let Some(mut inc) = self.lingering.remove(&pid) {
+                inc.record_type = "incident_update";
+                closed.push(inc);
+            }
+        }
+    }
+
+    /// Teardown phases, verdict and collateral, computed when the incident is reported.
+    fn finalize(&mut self, mut inc: Incident, outcome: Outcome) -> Incident {
+        inc.outcome = outcome;
+        let log = self.teardown.remove(&inc.target.pid).unwrap_or_default();
+        let from = inc.t_group_dead_ns.unwrap_or(inc.t_signal_ns);
+        let end = inc
+            .gpu
+            .as_ref()
+            .and_then(|g| g.t_memory_back_ns.or(g.t_files_released_ns))
+            .unwrap_or(self.now_ns);
+        inc.phases = log.phases(&self.stacks, from, end);
+        let asleep = log
+            .asleep(self.now_ns)
+            .into_iter()
+            .map(|(tid, since, id)| {
+                let frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                (tid, since, frames)
+            })
+            .collect();
+        let target = inc.target.pid;
+        let unknown_nvml_pids = self
+            .nvml
+            .iter()
+            .flatten()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .filter(|&p| p != target && self.holders.process(p).is_none())
+            .collect();
+        inc.collateral = self
+            .ledger
+            .failed_between(inc.t_signal_ns, end)
+            .into_iter()
+            .filter(|f| f.pid != target)
+            .collect();
+        if inc.gpu.is_some() || inc.t_group_dead_ns.is_none() {
+            inc.verdict = verdict::decide(
+                &inc,
+                &verdict::Context {
+                    phases: &inc.phases,
+                    wakeups: &log.wakeups,
+                    asleep,
+                    unknown_nvml_pids,
+                    slow_after_ns: self.config.slow_after_ns,
+                    now_ns: self.now_ns,
+                },
+            );
+        }
+        inc
     }
 }
 
@@ -407,9 +549,4 @@ fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-fn close(mut inc: Incident, outcome: Outcome) -> Incident {
-    inc.outcome = outcome;
-    inc
 }

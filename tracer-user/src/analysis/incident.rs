@@ -5,8 +5,10 @@ use serde::Serialize;
 
 use super::{
     holders::{HeldFile, Holder},
-    ledger::{Bytes, ClassTotal},
+    ledger::{Bytes, ClassTotal, FailedAlloc},
     signals::Origin,
+    teardown::PhaseTime,
+    verdict::Verdict,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -41,6 +43,13 @@ pub struct Incident {
     pub gpu: Option<GpuImpact>,
     /// Other processes holding the target's GPU files when its group died.
     pub holders: Vec<Holder>,
+    /// Where the time from the group's death to the memory's return went (from kernel
+    /// stacks, or the driver hooks where the kernel allows them), largest first.
+    pub phases: Vec<PhaseTime>,
+    /// Why the memory lingered, or that it did not.
+    pub verdict: Option<Verdict>,
+    /// Allocations of other processes the driver refused while this one's memory was held.
+    pub collateral: Vec<FailedAlloc>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -36,6 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         linger_after: Duration::from_secs(30),
         // The demo child holds no GPU memory.
         no_nvml: true,
+        driver_hooks: Default::default(),
         recording: Default::default(),
     };
     // Attach first, so the child's whole life is seen.

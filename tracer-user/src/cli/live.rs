@@ -3,11 +3,17 @@
 use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use anyhow::Context;
+use log::{debug, info};
 use tracer_user::{
     analysis::{signals, CorrelatorConfig, Incident},
-    clock::WallAnchor,
-    probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, ProbeConfig, Probes},
-    source::{collect, gpu::GpuSources, kernel::KernelSource},
+    clock::{boottime_ns, WallAnchor},
+    event::{DriverHooks, Event, EventData},
+    probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
+    source::{
+        collect::{self, Tap},
+        gpu::GpuSources,
+        kernel::KernelSource,
+    },
 };
 
 use super::{
@@ -54,6 +60,10 @@ pub struct Args {
     /// Kernel ring buffer size in bytes (a power of two, at least 4096).
     #[arg(long, default_value_t = 1 << 22, value_parser = parse_ring_size)]
     pub ring_size: u32,
+    /// How to time the driver's release of GPU files: fentry/fexit or kprobes on __fput (and
+    /// kprobes on the NVIDIA driver's functions); auto takes the first the kernel allows.
+    #[arg(long, value_enum, default_value_t = DriverHooks::Auto)]
+    pub driver_hooks: DriverHooks,
     #[command(flatten)]
     pub recording: record::Options,
 }
@@ -89,6 +99,8 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         fatal_signals,
         bench_pid: None,
         gpu_devices: GpuDevices::discover(&args.gpu_devices)?,
+        driver_hooks: args.driver_hooks,
+        ..Default::default()
     })?)
 }
 
@@ -118,6 +130,21 @@ pub fn trace(
         count: args.count,
     };
     let mut report = Report::new(out, output, anchor, config);
+    // How the trace is made goes first in the stream, so replays know it too.
+    let strategy = probes.strategy().clone();
+    info!("driver hooks: {}", strategy::describe(&strategy));
+    for reason in &strategy.reasons {
+        debug!("driver hooks: {reason}");
+    }
+    let strategy = Event {
+        ts_ns: boottime_ns(),
+        cpu: 0,
+        pid: 0,
+        tid: 0,
+        data: EventData::Strategy(strategy),
+    };
+    recorder.event(&strategy);
+    let _ = report.on_event(&strategy);
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut gpu = GpuSources::start(
         &mut probes,

@@ -12,7 +12,8 @@ use aya::{
 };
 use serde::Serialize;
 
-use super::{tracefs, EBPF_OBJECT};
+use super::{strategy, tracefs, EBPF_OBJECT};
+use crate::event::{DriverHooks, Strategy};
 
 #[derive(Debug, Serialize)]
 pub struct Check {
@@ -31,6 +32,8 @@ pub struct Report {
     pub gpu: Vec<Check>,
     /// How linger will watch driver teardown on this machine.
     pub strategy: String,
+    /// The driver hooks `live` would choose here, and why.
+    pub driver_hooks: Strategy,
 }
 
 impl Report {
@@ -49,6 +52,7 @@ pub fn run() -> Report {
         });
     }
     let btf = Btf::from_sys_fs();
+    let mut driver_hooks = Strategy::default();
     hooks.push(Check {
         name: "btf",
         ok: btf.is_ok(),
@@ -60,6 +64,9 @@ pub fn run() -> Report {
     match load_object() {
         Ok(mut ebpf) => {
             let btf = btf.ok();
+            // The real selection, as `live` makes it (auto never fails).
+            driver_hooks =
+                strategy::attach(&mut ebpf, DriverHooks::Auto, btf.as_ref()).unwrap_or_default();
             for name in [
                 "tracepoint",
                 "tp_btf",
@@ -85,26 +92,13 @@ pub fn run() -> Report {
         }),
     }
     let gpu = vec![driver_check(), nvml_check()];
-    let driver_hooks = ["fentry", "kprobe"]
-        .into_iter()
-        .filter(|h| hooks.iter().any(|c| c.name == *h && c.ok))
-        .collect::<Vec<_>>();
-    let strategy = if driver_hooks.is_empty() {
-        "tracepoints + tp_btf; driver teardown seen through stack sampling only (this kernel \
-         allows neither fentry nor kprobes)"
-            .to_string()
-    } else {
-        format!(
-            "tracepoints + tp_btf; driver teardown timed exactly through {}",
-            driver_hooks.join(" / ")
-        )
-    };
     Report {
         record_type: "doctor",
         kernel: kernel_line(),
         hooks,
         gpu,
-        strategy,
+        strategy: strategy::describe(&driver_hooks),
+        driver_hooks,
     }
 }
 
@@ -170,7 +164,7 @@ fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), String
     Ok(())
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
@@ -185,7 +179,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The kernel's answer plus what it means for the user.
-fn explain(name: &str, error: &str) -> String {
+pub(super) fn explain(name: &str, error: &str) -> String {
     let meaning = if name == "kprobe" && !Path::new("/sys/bus/event_source/devices/kprobe").exists()
     {
         "kernel built without CONFIG_KPROBES (no kprobe PMU)"
@@ -267,5 +261,8 @@ pub fn render(report: &Report) -> String {
         ));
     }
     s.push_str(&format!("{:<16}{}\n", "strategy", report.strategy));
+    for reason in &report.driver_hooks.reasons {
+        s.push_str(&format!("{:<16}- {reason}\n", ""));
+    }
     s
 }

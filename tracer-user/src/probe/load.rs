@@ -1,15 +1,21 @@
 //! Loads the tracer's programs with their globals and attaches them.
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    programs::PerfEvent,
     programs::{BtfTracePoint, TracePoint},
+    util::online_cpus,
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 use log::debug;
 
-use super::{devices::GpuDevices, offsets, tracefs, EBPF_OBJECT};
-use crate::error::{Error, Result};
+use super::{devices::GpuDevices, offsets, strategy, tracefs, EBPF_OBJECT};
+use crate::{
+    error::{Error, Result},
+    event::{DriverHooks, Strategy},
+};
 
 /// Signals that open an incident by default: the ones that kill a process unless handled,
 /// as issued by users, supervisors and the kernel (OOM killer, faults).
@@ -48,6 +54,10 @@ pub struct ProbeConfig {
     pub bench_pid: Option<u32>,
     /// Which char devices count as GPU files.
     pub gpu_devices: GpuDevices,
+    /// On-CPU stack samples per second of dying GPU processes.
+    pub sample_hz: u64,
+    /// Which driver hooks to try.
+    pub driver_hooks: DriverHooks,
 }
 
 impl Default for ProbeConfig {
@@ -57,6 +67,8 @@ impl Default for ProbeConfig {
             fatal_signals: DEFAULT_FATAL_SIGNALS.to_vec(),
             bench_pid: None,
             gpu_devices: GpuDevices::default(),
+            sample_hz: 4999,
+            driver_hooks: DriverHooks::Auto,
         }
     }
 }
@@ -66,6 +78,7 @@ pub struct Probes {
     ebpf: Ebpf,
     /// Owns the log map: the programs fail to load without it, so it lives as long as they do.
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
+    strategy: Strategy,
 }
 
 impl Probes {
@@ -96,7 +109,11 @@ impl Probes {
             }
         };
         let btf = Btf::from_sys_fs().map_err(|e| Error::Btf(e.to_string()))?;
-        let mut probes = Self { ebpf, logger };
+        let mut probes = Self {
+            ebpf,
+            logger,
+            strategy: Strategy::default(),
+        };
         let exit_program = if has_group_dead {
             "task_exit_group_dead"
         } else {
@@ -135,9 +152,13 @@ impl Probes {
         ] {
             probes.attach_syscalls(program, syscalls)?;
         }
+        probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
+        probes.attach_btf("teardown_wakeup", "sched_wakeup", &btf)?;
+        probes.attach_sampling(config.sample_hz)?;
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }
+        probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
         Ok(probes)
     }
 
@@ -247,6 +268,11 @@ impl Probes {
         })
     }
 
+    /// The driver hooks chosen, and why.
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
     /// Takes the ring buffer out for the reader.
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
         let map = self
@@ -254,6 +280,63 @@ impl Probes {
             .take_map("EVENTS")
             .ok_or_else(|| Error::Load("map EVENTS missing".into()))?;
         RingBuf::try_from(map).map_err(|e| Error::Load(e.to_string()))
+    }
+
+    /// Takes the kernel stack map out for the symbolizer.
+    pub fn take_stacks(&mut self) -> Result<StackTraceMap<MapData>> {
+        let map = self
+            .ebpf
+            .take_map("STACKS")
+            .ok_or_else(|| Error::Load("map STACKS missing".into()))?;
+        StackTraceMap::try_from(map).map_err(|e| Error::Load(e.to_string()))
+    }
+
+    /// Clears the programs' "someone is dying" hint once nobody is, so the scheduler hooks
+    /// cost one array read; sets it again if a process started dying meanwhile.
+    pub fn refresh_dying_hint(&mut self) {
+        let empty = |p: &mut Self| -> Option<bool> {
+            let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
+            Some(dying.keys().next().is_none())
+        };
+        if empty(self) != Some(true) {
+            return;
+        }
+        let set = |p: &mut Self, v: u32| -> Option<()> {
+            let map = p.ebpf.map_mut("DYING_HINT")?;
+            let mut hint: Array<_, u32> = Array::try_from(map).ok()?;
+            hint.set(0, v, 0).ok()
+        };
+        set(self, 0);
+        if empty(self) == Some(false) {
+            set(self, 1);
+        }
+    }
+
+    /// One perf cpu-clock sampler per online CPU for the on-CPU teardown stacks.
+    fn attach_sampling(&mut self, hz: u64) -> Result<()> {
+        let cpus = online_cpus().map_err(|(path, e)| Error::Load(format!("{path}: {e}")))?;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut("teardown_oncpu")
+            .ok_or_else(|| Error::Load("teardown_oncpu missing from the object".into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| Error::Load(e.to_string()))?;
+        let fail = |e: aya::programs::ProgramError| Error::Attach {
+            program: "teardown_oncpu (perf_event cpu-clock)".into(),
+            reason: e.to_string(),
+        };
+        program.load().map_err(fail)?;
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(hz),
+                    false,
+                )
+                .map_err(fail)?;
+        }
+        Ok(())
     }
 
     /// Takes the per-CPU drop counter out for the reader.

@@ -35,6 +35,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
         file_refcount,
         file_refcount_bias,
         inode_rdev: member_offset(btf, "inode", "i_rdev")?,
+        file_private_data: member_offset(btf, "file", "private_data")?,
     })
 }
 

@@ -31,6 +31,19 @@ pub fn phases(inc: &Incident) -> Vec<Phase> {
     let Some(exited) = exited else {
         return out;
     };
+    // The GPU memory comes back inside the dying task's teardown, before it is a zombie.
+    let back = inc
+        .gpu
+        .as_ref()
+        .and_then(|g| g.t_memory_back_ns)
+        .filter(|&b| b > exited && inc.t_zombie_ns.is_none_or(|z| b <= z));
+    let exited = match back {
+        Some(back) => {
+            push("releasing GPU memory", exited, Some(back));
+            back
+        }
+        None => exited,
+    };
     match inc.t_zombie_ns {
         Some(zombie) => {
             push("dying", exited, Some(zombie));

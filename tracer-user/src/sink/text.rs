@@ -6,6 +6,7 @@ use crate::{
     analysis::{
         holders::How,
         incident::{GpuImpact, Incident, Outcome, ReapHow},
+        verdict::VerdictKind,
     },
     clock::WallAnchor,
 };
@@ -14,6 +15,9 @@ const INDENT: &str = "              ";
 
 pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
     let mut s = String::new();
+    if inc.record_type == "incident_update" {
+        return render_update(inc, anchor);
+    }
     let sender = if inc.sender.pid == 0 {
         format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
     } else {
@@ -83,7 +87,62 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
     if let Some(gpu) = &inc.gpu {
         render_gpu(&mut s, inc, gpu, anchor);
     }
+    render_phases(&mut s, inc);
+    if let Some(v) = &inc.verdict {
+        let kind = serde_json::to_value(v.kind)
+            .ok()
+            .and_then(|k| k.as_str().map(String::from))
+            .unwrap_or_default();
+        let _ = writeln!(s, "{INDENT}verdict: {kind} — {}", v.hint);
+        if v.kind != VerdictKind::Released && v.kind != VerdictKind::SlowTeardown {
+            for e in &v.evidence {
+                let _ = writeln!(s, "{INDENT}  {e}");
+            }
+        }
+    }
+    for f in &inc.collateral {
+        let _ = writeln!(
+            s,
+            "{INDENT}collateral: pid {} was refused {} of class {} ({}) at +{}",
+            f.pid,
+            gib(f.size),
+            f.class,
+            f.status,
+            ms(inc.ms_after_signal(f.t_ns))
+        );
+    }
     s
+}
+
+/// `released: UVM teardown 52 ms (GSP waits 41 ms) · RM client 43 ms · mm 33 ms`, with a bar.
+fn render_phases(s: &mut String, inc: &Incident) {
+    let total: u64 = inc.phases.iter().map(|p| p.ns).sum();
+    if total == 0 {
+        return;
+    }
+    let parts: Vec<String> = inc
+        .phases
+        .iter()
+        .map(|p| {
+            let gsp = match p.gsp_ns {
+                0 => String::new(),
+                g => format!(" (GSP waits {})", ms(g as f64 / 1e6)),
+            };
+            format!("{} {}{gsp}", p.name.label(), ms(p.ns as f64 / 1e6))
+        })
+        .collect();
+    let _ = writeln!(s, "{INDENT}teardown: {}", parts.join(" · "));
+    for p in &inc.phases {
+        let share = p.ns as f64 / total as f64;
+        let bar = "█".repeat((share * 40.0).round() as usize);
+        let _ = writeln!(
+            s,
+            "{INDENT}  {:<13}{:>9} {:>5.1}% {bar}",
+            p.name.label(),
+            ms(p.ns as f64 / 1e6),
+            share * 100.0
+        );
+    }
 }
 
 fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnchor) {
@@ -144,6 +203,26 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             h.comm, h.pid, h.fds
         );
     }
+}
+
+/// The memory of an incident reported as lingering came back.
+fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
+    let gpu = inc.gpu.as_ref();
+    let back = gpu.and_then(|g| g.t_memory_back_ns.or(g.t_files_released_ns));
+    let when = back.map_or("?".into(), |t| anchor.format_local(t));
+    let after = back.map_or("?".into(), |t| ms(inc.ms_after_signal(t)));
+    let holders: Vec<String> = inc
+        .holders
+        .iter()
+        .map(|h| format!("{}[{}]", h.comm, h.pid))
+        .collect();
+    format!(
+        "{when}  update   {}[{}] (incident {}): GPU memory back {after} after the kill, once {} let go\n",
+        inc.target.comm,
+        inc.target.pid,
+        inc.id,
+        if holders.is_empty() { "its last holder".to_string() } else { holders.join(", ") }
+    )
 }
 
 /// Bytes as GiB with one decimal (MiB below 1 GiB).

@@ -84,6 +84,7 @@ pub async fn run_tapped(
             Some(reading) = next_nvml(gpu.as_deref_mut()) => push(&mut batch, tap, reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
+                source.refresh_dying_hint();
                 if let Some(loss) = source.poll_drops(now) {
                     push(&mut batch, tap, loss);
                 }

@@ -5,10 +5,11 @@
 
 use bytes::Buf;
 use tracer_common::{
-    FdOp, Header, Kind, ReapHow, COMM_LEN, FD_CLOEXEC, FD_WALK_TRUNCATED, FORK_FILES_SHARED,
+    FdOp, Header, Kind, ReapHow, SampleKind, COMM_LEN, FD_CLOEXEC, FD_WALK_TRUNCATED,
+    FORK_FILES_SHARED,
 };
 
-use crate::event::{Event, EventData};
+use crate::event::{Event, EventData, HookKind};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -125,6 +126,24 @@ pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
             ctrl_cmd: buf.get_u32_le(),
             size: buf.get_u64_le(),
         },
+        Kind::TeardownSample => {
+            let kind = buf.get_u32_le();
+            let sample = SampleKind::from_u32(kind)
+                .ok_or(DecodeError::BadField("TeardownSample.kind", kind))?;
+            EventData::TeardownSample {
+                sample: sample.into(),
+                stack_id: buf.get_i32_le(),
+                owner: buf.get_u32_le(),
+                tid: buf.get_u32_le(),
+                blocked_ns: buf.get_u64_le(),
+            }
+        }
+        Kind::KthreadWakeup => EventData::KthreadWakeup {
+            kthread_tid: buf.get_u32_le(),
+            owner: buf.get_u32_le(),
+            comm: comm(&mut buf),
+        },
+        Kind::DriverCall => driver_call(&mut buf)?,
         Kind::BenchTick => EventData::BenchTick,
     };
     Ok(Event {
@@ -149,8 +168,35 @@ fn payload_len(kind: Kind) -> usize {
         Kind::GpuFd => size_of::<c::GpuFd>(),
         Kind::GpuCloseRange => size_of::<c::GpuCloseRange>(),
         Kind::GpuIoctl => size_of::<c::GpuIoctl>(),
+        Kind::TeardownSample => size_of::<c::TeardownSample>(),
+        Kind::KthreadWakeup => size_of::<c::KthreadWakeup>(),
+        Kind::DriverCall => size_of::<c::DriverCall>(),
         Kind::BenchTick => size_of::<c::BenchTick>(),
     }
+}
+
+fn driver_call(buf: &mut &[u8]) -> Result<EventData, DecodeError> {
+    use tracer_common::{DriverFunc, CALL_EXIT, HOOK_FENTRY, HOOK_KPROBE};
+    let func = buf.get_u32_le();
+    let func = DriverFunc::from_u32(func).ok_or(DecodeError::BadField("DriverCall.func", func))?;
+    let exit = buf.get_u16_le() == CALL_EXIT;
+    let hook = match buf.get_u16_le() {
+        HOOK_FENTRY => HookKind::Fentry,
+        HOOK_KPROBE => HookKind::Kprobe,
+        other => return Err(DecodeError::BadField("DriverCall.hook", other.into())),
+    };
+    let file = buf.get_u64_le();
+    let dev = buf.get_u32_le();
+    buf.advance(4);
+    Ok(EventData::DriverCall {
+        func: func.into(),
+        exit,
+        hook,
+        file,
+        dev,
+        value: buf.get_i64_le(),
+        duration_ns: buf.get_u64_le(),
+    })
 }
 
 /// A kernel comm: up to 16 bytes, NUL-terminated when shorter.

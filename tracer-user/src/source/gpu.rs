@@ -10,7 +10,7 @@ use std::{
 use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::{nvml::NvmlSampler, procfs};
+use super::{nvml::NvmlSampler, procfs, stacks::StackResolver};
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData, FdOp},
@@ -23,6 +23,7 @@ pub struct GpuSources {
     redact_cmdline: bool,
     /// Processes whose /proc facts are in the stream already.
     described: HashSet<u32>,
+    stacks: Option<StackResolver>,
 }
 
 impl GpuSources {
@@ -54,6 +55,13 @@ impl GpuSources {
         if let Err(e) = probes.add_holders(holders) {
             warn!("could not mark the current GPU holders: {e}");
         }
+        let stacks = match probes.take_stacks() {
+            Ok(map) => Some(StackResolver::new(map)),
+            Err(e) => {
+                warn!("teardown stacks unavailable: {e}");
+                None
+            }
+        };
         data.extend(snapshot);
         let startup = data
             .into_iter()
@@ -85,6 +93,7 @@ impl GpuSources {
             nvml,
             redact_cmdline,
             described,
+            stacks,
         }
     }
 
@@ -108,9 +117,10 @@ impl GpuSources {
     }
 
     /// /proc facts about a process that just became (or was born) a GPU holder, read now
-    /// while it is alive.
+    /// while it is alive; the symbolized stack of a teardown sample seen for the first time.
     pub fn enrich(&mut self, e: &Event) -> Option<Event> {
         let pid = match &e.data {
+            EventData::TeardownSample { .. } => return self.stacks.as_mut()?.resolve(e),
             EventData::GpuFd {
                 op: FdOp::Open | FdOp::Dup,
                 ..

@@ -67,6 +67,11 @@ impl KernelSource {
         self.probes.flush_logs();
     }
 
+    /// See [`Probes::refresh_dying_hint`].
+    pub fn refresh_dying_hint(&mut self) {
+        self.probes.refresh_dying_hint();
+    }
+
     /// A [`EventData::Loss`] event when the kernel dropped records since the last call.
     pub fn poll_drops(&mut self, now_ns: u64) -> Option<Event> {
         let total: u64 = match self.drops.get(&0, 0) {

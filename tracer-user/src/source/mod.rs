@@ -3,8 +3,10 @@
 pub mod collect;
 pub mod decode;
 pub mod gpu;
+pub mod kallsyms;
 pub mod kcmp;
 pub mod kernel;
 pub mod nvml;
 pub mod procfs;
 pub mod replay;
+pub mod stacks;

@@ -71,6 +71,7 @@ pub struct AnalysisDefaults {
     pub survive_after_ns: u64,
     pub reap_wait_ns: u64,
     pub linger_after_ns: u64,
+    pub slow_after_ns: u64,
     pub count: Option<u64>,
 }
 
@@ -82,6 +83,7 @@ impl AnalysisDefaults {
             survive_after_ns: config.survive_after_ns,
             reap_wait_ns: config.reap_wait_ns,
             linger_after_ns: config.linger_after_ns,
+            slow_after_ns: config.slow_after_ns,
             count: count.map(|n| n as u64),
         }
     }
@@ -95,6 +97,7 @@ impl AnalysisDefaults {
             survive_after_ns: nonzero_or(self.survive_after_ns, d.survive_after_ns),
             reap_wait_ns: nonzero_or(self.reap_wait_ns, d.reap_wait_ns),
             linger_after_ns: nonzero_or(self.linger_after_ns, d.linger_after_ns),
+            slow_after_ns: nonzero_or(self.slow_after_ns, d.slow_after_ns),
         }
     }
 }

@@ -1,0 +1,177 @@
+//! Where a dying GPU process spends its time: kernel stacks sampled on CPU (perf cpu-clock)
+//! and taken when it blocks, for its threads and for the driver kthreads it wakes. Works on
+//! kernels without kprobes or fentry.
+
+use aya_ebpf::{
+    macros::{btf_tracepoint, map, perf_event},
+    maps::{Array, HashMap, StackTrace},
+    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
+};
+use tracer_common::{KthreadWakeup, SampleKind, TeardownSample};
+
+use crate::{
+    emit::{current_ids, emit, now_ns},
+    task::Task,
+};
+
+/// Dying GPU processes (from the fatal signal until freed) → when they started dying.
+#[map]
+pub static DYING: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Driver kthreads woken by a dying process → that process.
+#[map]
+static HELPERS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Kernel stacks, by id.
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+#[derive(Clone, Copy)]
+struct Blocked {
+    since: u64,
+    stack_id: i32,
+    owner: u32,
+}
+
+/// Threads of interest asleep, by tid.
+#[map]
+static BLOCKED: HashMap<u32, Blocked> = HashMap::with_max_entries(8192, 0);
+
+/// Non-zero when DYING may have entries: the scheduler and sampling hooks return at once
+/// otherwise. Set here when a process starts dying; user space clears it once DYING is empty
+/// (and sets it again if it raced with a new entry).
+#[map]
+static DYING_HINT: Array<u32> = Array::with_max_entries(1, 0);
+
+fn anyone_dying() -> bool {
+    DYING_HINT.get(0).is_some_and(|n| *n != 0)
+}
+
+pub fn start_dying(tgid: u32) {
+    // SAFETY: existence check only.
+    if unsafe { DYING.get(tgid) }.is_none() {
+        let _ = DYING.insert(tgid, now_ns(), 0);
+    }
+    if let Some(hint) = DYING_HINT.get_ptr_mut(0) {
+        // SAFETY: a valid map value; a plain store is atomic for a u32.
+        unsafe { *hint = 1 };
+    }
+}
+
+pub fn stop_dying(tgid: u32) {
+    let _ = DYING.remove(tgid);
+}
+
+/// The dying process whose teardown the task (`tgid`, `tid`) works on, if any.
+fn owner_of(tgid: u32, tid: u32) -> Option<u32> {
+    // SAFETY: plain values copied out of the maps.
+    unsafe {
+        if DYING.get(tgid).is_some() {
+            return Some(tgid);
+        }
+        let owner = *HELPERS.get(tid)?;
+        if DYING.get(owner).is_some() {
+            return Some(owner);
+        }
+    }
+    // The process it helped is gone: forget the kthread.
+    let _ = HELPERS.remove(tid);
+    None
+}
+
+fn stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32)
+}
+
+#[perf_event]
+pub fn teardown_oncpu(ctx: PerfEventContext) -> u32 {
+    if !anyone_dying() {
+        return 0;
+    }
+    let (tgid, tid) = current_ids();
+    let Some(owner) = owner_of(tgid, tid) else {
+        return 0;
+    };
+    let stack_id = stack_id(&ctx);
+    emit::<TeardownSample>(|e| {
+        e.kind = SampleKind::OnCpu as u32;
+        e.stack_id = stack_id;
+        e.owner = owner;
+        e.tid = tid;
+    });
+    0
+}
+
+/// tp_btf sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state): runs as `prev`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
+    if !anyone_dying() {
+        return 0;
+    }
+    let prev_state: u32 = ctx.arg(3);
+    let (tgid, tid) = current_ids();
+    // Going to sleep (not merely preempted): remember where.
+    if prev_state != 0 {
+        if let Some(owner) = owner_of(tgid, tid) {
+            let stack_id = stack_id(&ctx);
+            let since = now_ns();
+            let _ = BLOCKED.insert(
+                tid,
+                Blocked {
+                    since,
+                    stack_id,
+                    owner,
+                },
+                0,
+            );
+            emit::<TeardownSample>(|e| {
+                e.kind = SampleKind::BlockStart as u32;
+                e.stack_id = stack_id;
+                e.owner = owner;
+                e.tid = tid;
+            });
+        }
+    }
+    let next = Task(ctx.arg::<*const u8>(2));
+    let next_tid = next.pid();
+    // SAFETY: the value is copied out before the entry is removed.
+    if let Some(b) = unsafe { BLOCKED.get(next_tid) }.copied() {
+        let _ = BLOCKED.remove(next_tid);
+        emit::<TeardownSample>(|e| {
+            e.kind = SampleKind::BlockEnd as u32;
+            e.stack_id = b.stack_id;
+            e.owner = b.owner;
+            e.tid = next_tid;
+            e.blocked_ns = now_ns().wrapping_sub(b.since);
+        });
+    }
+    0
+}
+
+/// tp_btf sched_wakeup(struct task_struct *p): a dying process waking the driver's queue
+/// kthreads ("nv_queue", "UVM ...") hands them its teardown.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn teardown_wakeup(ctx: BtfTracePointContext) -> i32 {
+    if !anyone_dying() {
+        return 0;
+    }
+    let (tgid, tid) = current_ids();
+    let Some(owner) = owner_of(tgid, tid) else {
+        return 0;
+    };
+    let woken = Task(ctx.arg::<*const u8>(0));
+    let comm = woken.comm();
+    let driver_kthread = comm.starts_with(b"nv_queue") || comm.starts_with(b"UVM ");
+    if !driver_kthread || woken.tgid() == tgid {
+        return 0;
+    }
+    let kthread_tid = woken.pid();
+    let _ = HELPERS.insert(kthread_tid, owner, 0);
+    emit::<KthreadWakeup>(|e| {
+        e.kthread_tid = kthread_tid;
+        e.owner = owner;
+        e.comm = comm;
+    });
+    0
+}

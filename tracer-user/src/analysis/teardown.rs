@@ -1,0 +1,226 @@
+//! Where a dying GPU process's teardown time went, from its kernel stacks: on-CPU samples
+//! weighted by the time since the thread's previous sample, and sleeps by their length, each
+//! classified into a phase by the frames it passes through.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::event::SampleKind;
+
+/// A gap longer than this between two samples of one thread was not all on-CPU time (the
+/// thread was preempted or the sampler throttled): it counts only this much.
+const MAX_SAMPLE_WEIGHT_NS: u64 = 10_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// `uvm_release_entry` and the va_space destroy below it.
+    UvmTeardown,
+    /// `nvidia_close` → `rm_cleanup_file_private`: freeing the RM clients.
+    RmClient,
+    /// `exit_mmap`: unmapping the process's memory (under UVM's release, which holds the mm).
+    Mm,
+    /// Sleeping in a driver queue flush (`nv_kthread_q_flush`, `os_flush_work_queue`).
+    QueueFlush,
+    Other,
+}
+
+impl Phase {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UvmTeardown => "UVM teardown",
+            Self::RmClient => "RM client",
+            Self::Mm => "mm",
+            Self::QueueFlush => "queue flush",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A stack's phase (innermost frame first), and whether it waits on the GPU's firmware.
+pub fn classify(frames: &[String]) -> (Phase, bool) {
+    let any = |pred: &dyn Fn(&str) -> bool| frames.iter().any(|f| pred(f));
+    let gsp = any(&|f| f.contains("_GSP") || f.contains("kgspRpc"));
+    let phase = if any(&|f| f.starts_with("exit_mmap") || f.starts_with("unmap_vmas")) {
+        Phase::Mm
+    } else if any(&|f| f.starts_with("nv_kthread_q_flush") || f.starts_with("os_flush_work_queue"))
+    {
+        Phase::QueueFlush
+    } else if any(&|f| f.starts_with("uvm_") || f.ends_with("[nvidia_uvm]")) {
+        Phase::UvmTeardown
+    } else if any(&|f| f.ends_with("[nvidia]")) {
+        Phase::RmClient
+    } else {
+        Phase::Other
+    };
+    (phase, gsp)
+}
+
+/// Time of one phase.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PhaseTime {
+    pub name: Phase,
+    pub ns: u64,
+    /// Part of `ns` spent waiting on GSP firmware RPCs.
+    pub gsp_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    t_ns: u64,
+    tid: u32,
+    kind: SampleKind,
+    stack_id: i32,
+    blocked_ns: u64,
+}
+
+/// The samples of one dying process.
+#[derive(Clone, Debug, Default)]
+pub struct TeardownLog {
+    samples: Vec<Sample>,
+    /// Driver kthreads it woke: (when, tid, comm).
+    pub wakeups: Vec<(u64, u32, String)>,
+}
+
+impl TeardownLog {
+    pub fn sample(
+        &mut self,
+        t_ns: u64,
+        tid: u32,
+        kind: SampleKind,
+        stack_id: i32,
+        blocked_ns: u64,
+    ) {
+        self.samples.push(Sample {
+            t_ns,
+            tid,
+            kind,
+            stack_id,
+            blocked_ns,
+        });
+    }
+
+    /// Phase times within `[from, to]`, largest first.
+    pub fn phases(&self, stacks: &HashMap<i32, Vec<String>>, from: u64, to: u64) -> Vec<PhaseTime> {
+        let mut by: HashMap<Phase, (u64, u64)> = HashMap::new();
+        let mut last: HashMap<u32, u64> = HashMap::new();
+        let mut add = |stack_id: i32, ns: u64| {
+            let (phase, gsp) = stacks
+                .get(&stack_id)
+                .map_or((Phase::Other, false), |f| classify(f));
+            let e = by.entry(phase).or_default();
+            e.0 += ns;
+            if gsp {
+                e.1 += ns;
+            }
+        };
+        for s in &self.samples {
+            match s.kind {
+                SampleKind::OnCpu => {
+                    let prev = last.insert(s.tid, s.t_ns).unwrap_or(from).max(from);
+                    if (from..=to).contains(&s.t_ns) {
+                        add(
+                            s.stack_id,
+                            s.t_ns.saturating_sub(prev).min(MAX_SAMPLE_WEIGHT_NS),
+                        );
+                    }
+                }
+                SampleKind::BlockEnd => {
+                    let start = s.t_ns.saturating_sub(s.blocked_ns).max(from);
+                    let end = s.t_ns.min(to);
+                    if end > start {
+                        add(s.stack_id, end - start);
+                    }
+                    last.insert(s.tid, s.t_ns);
+                }
+                SampleKind::BlockStart => {
+                    last.insert(s.tid, s.t_ns);
+                }
+            }
+        }
+        let mut v: Vec<PhaseTime> = by
+            .into_iter()
+            .map(|(name, (ns, gsp_ns))| PhaseTime { name, ns, gsp_ns })
+            .collect();
+        v.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.name.cmp(&b.name)));
+        v
+    }
+
+    /// Threads asleep at `at` (a BlockStart without its BlockEnd): (tid, since, stack id).
+    pub fn asleep(&self, at: u64) -> Vec<(u32, u64, i32)> {
+        let mut open: HashMap<u32, (u64, i32)> = HashMap::new();
+        for s in self.samples.iter().filter(|s| s.t_ns <= at) {
+            match s.kind {
+                SampleKind::BlockStart => {
+                    open.insert(s.tid, (s.t_ns, s.stack_id));
+                }
+                SampleKind::BlockEnd | SampleKind::OnCpu => {
+                    open.remove(&s.tid);
+                }
+            }
+        }
+        let mut v: Vec<_> = open
+            .into_iter()
+            .map(|(tid, (t, id))| (tid, t, id))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Stack ids with their sample weight in `[from, to]`, for flamegraphs: (stack, ns).
+    pub fn weighted_stacks(&self, from: u64, to: u64) -> Vec<(i32, u64)> {
+        let mut out: HashMap<i32, u64> = HashMap::new();
+        let mut last: HashMap<u32, u64> = HashMap::new();
+        for s in &self.samples {
+            let ns = match s.kind {
+                SampleKind::OnCpu => {
+                    let prev = last.insert(s.tid, s.t_ns).unwrap_or(from).max(from);
+                    s.t_ns.saturating_sub(prev).min(MAX_SAMPLE_WEIGHT_NS)
+                }
+                SampleKind::BlockEnd => {
+                    last.insert(s.tid, s.t_ns);
+                    s.t_ns
+                        .min(to)
+                        .saturating_sub(s.t_ns.saturating_sub(s.blocked_ns).max(from))
+                }
+                SampleKind::BlockStart => {
+                    last.insert(s.tid, s.t_ns);
+                    0
+                }
+            };
+            if ns > 0 && (from..=to).contains(&s.t_ns.min(to)) {
+                *out.entry(s.stack_id).or_default() += ns;
+            }
+        }
+        let mut v: Vec<_> = out.into_iter().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(s: &str) -> Vec<String> {
+        s.split(';').rev().map(String::from).collect()
+    }
+
+    /// Stacks as recorded on the H200 (../shared/data/h200-kill-teardown-stacks.log).
+    #[test]
+    fn h200_stacks_fall_in_their_phases() {
+        let log = include_str!("../../../tests/data/h200/teardown-stacks-sample.txt");
+        let mut seen = std::collections::HashSet::new();
+        for line in log.lines().filter(|l| !l.starts_with('#')) {
+            let Some((want, stack)) = line.split_once(' ') else {
+                continue;
+            };
+            let (phase, gsp) = classify(&frames(stack));
+            let got = format!("{phase:?}{}", if gsp { "+gsp" } else { "" });
+            assert_eq!(got, want, "{stack}");
+            seen.insert(phase);
+        }
+        assert!(seen.len() >= 4, "the sample covers most phases: {seen:?}");
+    }
+}

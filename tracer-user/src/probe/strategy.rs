@@ -1,0 +1,219 @@
+//! The driver hooks, chosen at load time by trying: fentry/fexit on `__fput` where the kernel
+//! allows it, else kprobe/kretprobe, else none (tracepoints and stack sampling only); kprobes on
+//! the NVIDIA driver's functions when its modules are loaded. What was tried and the kernel's
+//! answers are kept for `linger doctor`, `live -v` and the event stream.
+
+use std::fs;
+
+use aya::{
+    programs::{FEntry, FExit, KProbe, Program, ProgramError},
+    Btf, Ebpf,
+};
+
+use super::doctor::{error_chain, explain};
+use crate::{
+    error::{Error, Result},
+    event::{DriverFunc, DriverHooks, HookKind, Strategy},
+};
+
+/// The driver's functions on the release path (and its ioctl entry), hooked by kprobes. fentry
+/// is not an option for them: it needs the module's BTF, which aya 0.14 cannot attach to.
+const DRIVER_FUNCS: [DriverFunc; 5] = [
+    DriverFunc::NvidiaClose,
+    DriverFunc::RmCleanupFilePrivate,
+    DriverFunc::NvidiaCloseDeferred,
+    DriverFunc::UvmReleaseEntry,
+    DriverFunc::NvidiaUnlockedIoctl,
+];
+
+/// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
+/// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
+pub fn attach(ebpf: &mut Ebpf, requested: DriverHooks, btf: Option<&Btf>) -> Result<Strategy> {
+    let mut s = Strategy {
+        requested,
+        ..Default::default()
+    };
+    if requested == DriverHooks::Off {
+        s.reasons
+            .push("driver hooks turned off (--driver-hooks off)".into());
+        return Ok(s);
+    }
+    if matches!(requested, DriverHooks::Auto | DriverHooks::Fentry) {
+        match attach_fput_fentry(ebpf, btf) {
+            Ok(()) => {
+                s.fput = Some(HookKind::Fentry);
+                s.reasons.push("fentry/fexit on __fput: attached".into());
+            }
+            Err(e) if requested == DriverHooks::Fentry => return Err(refused("fentry", e)),
+            Err(e) => s
+                .reasons
+                .push(format!("fentry/fexit on __fput: {}", explain("fentry", &e))),
+        }
+    }
+    let mut kprobes = true;
+    if s.fput.is_none() {
+        match attach_kprobes(ebpf, DriverFunc::Fput) {
+            Ok(()) => {
+                s.fput = Some(HookKind::Kprobe);
+                s.reasons
+                    .push("kprobe/kretprobe on __fput: attached".into());
+            }
+            Err(e) if requested == DriverHooks::Kprobe => return Err(refused("kprobe", e)),
+            Err(e) => {
+                kprobes = false;
+                s.reasons.push(format!(
+                    "kprobe/kretprobe on __fput: {}",
+                    explain("kprobe", &e)
+                ));
+            }
+        }
+    }
+    if kprobes {
+        attach_driver(ebpf, &mut s);
+    } else {
+        s.reasons
+            .push("NVIDIA driver functions: not hooked, kprobes are unavailable".into());
+    }
+    Ok(s)
+}
+
+/// One line for `doctor`'s strategy and `live -v`.
+pub fn describe(s: &Strategy) -> String {
+    let Some(fput) = s.fput else {
+        let why = if s.requested == DriverHooks::Off {
+            "driver hooks turned off"
+        } else {
+            "this kernel allows neither fentry nor kprobes on __fput"
+        };
+        return format!(
+            "tracepoints + tp_btf; driver teardown seen through stack sampling only ({why})"
+        );
+    };
+    let how = match fput {
+        HookKind::Fentry => "fentry/fexit",
+        HookKind::Kprobe => "kprobe/kretprobe",
+    };
+    let driver = if s.driver_functions.is_empty() {
+        "no NVIDIA driver functions hooked".to_string()
+    } else {
+        format!("kprobes on {}", s.driver_functions.join(", "))
+    };
+    format!("tracepoints + tp_btf; GPU file release timed exactly by {how} on __fput; {driver}")
+}
+
+fn refused(hook: &str, reason: String) -> Error {
+    Error::Attach {
+        program: format!("{hook} on __fput (--driver-hooks {hook})"),
+        reason: explain(hook, &reason),
+    }
+}
+
+fn attach_fput_fentry(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<(), String> {
+    let btf = btf.ok_or("no kernel BTF")?;
+    let e = |e: ProgramError| error_chain(&e);
+    let entry: &mut FEntry = program(ebpf, "fput_fentry")?.try_into().map_err(e)?;
+    entry.load("__fput", btf).map_err(e)?;
+    entry.attach().map_err(e)?;
+    let exit = (|| {
+        let p: &mut FExit = program(ebpf, "fput_fexit")?.try_into().map_err(e)?;
+        p.load("__fput", btf).map_err(e)?;
+        p.attach().map(|_| ()).map_err(e)
+    })();
+    if exit.is_err() {
+        // An entry without its exit would time nothing.
+        unload(ebpf, "fput_fentry");
+    }
+    exit
+}
+
+/// Entry and return probes of `func`: programs `<name>_kprobe` and `<name>_kretprobe`.
+fn attach_kprobes(ebpf: &mut Ebpf, func: DriverFunc) -> Result<(), String> {
+    let name = match func {
+        DriverFunc::Fput => "fput",
+        other => other.symbol(),
+    };
+    let entry = format!("{name}_kprobe");
+    attach_kprobe(ebpf, &entry, func.symbol())?;
+    let exit = attach_kprobe(ebpf, &format!("{name}_kretprobe"), func.symbol());
+    if exit.is_err() {
+        unload(ebpf, &entry);
+    }
+    exit
+}
+
+fn attach_kprobe(ebpf: &mut Ebpf, program_name: &str, symbol: &str) -> Result<(), String> {
+    let e = |e: ProgramError| error_chain(&e);
+    let p: &mut KProbe = program(ebpf, program_name)?.try_into().map_err(e)?;
+    p.load().map_err(e)?;
+    p.attach(symbol, 0).map(|_| ()).map_err(e)
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Program, String> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("{name} missing from the object"))
+}
+
+/// Detaches and unloads a program whose partner failed (a failed unload changes nothing).
+fn unload(ebpf: &mut Ebpf, name: &str) {
+    let _ = match ebpf.program_mut(name) {
+        Some(Program::FEntry(p)) => p.unload(),
+        Some(Program::KProbe(p)) => p.unload(),
+        _ => Ok(()),
+    };
+}
+
+/// Kprobes on the driver functions present in the running kernel.
+fn attach_driver(ebpf: &mut Ebpf, s: &mut Strategy) {
+    if !nvidia_modules_loaded() {
+        s.reasons.push(
+            "NVIDIA driver functions: not hooked, no nvidia module is loaded (/proc/modules)"
+                .into(),
+        );
+        return;
+    }
+    let present = kallsyms_present(&DRIVER_FUNCS.map(|f| f.symbol()));
+    for func in DRIVER_FUNCS {
+        let symbol = func.symbol();
+        let result = if present.contains(&symbol) {
+            attach_kprobes(ebpf, func)
+        } else {
+            Err("not in /proc/kallsyms".into())
+        };
+        match result {
+            Ok(()) => s.driver_functions.push(symbol.into()),
+            Err(e) => s.reasons.push(format!("kprobe on {symbol}: {e}")),
+        }
+    }
+    if !s.driver_functions.is_empty() {
+        s.reasons.push(format!(
+            "kprobe/kretprobe on {}: attached",
+            s.driver_functions.join(", ")
+        ));
+    }
+}
+
+fn nvidia_modules_loaded() -> bool {
+    fs::read_to_string("/proc/modules")
+        .map(|m| m.lines().any(|l| l.starts_with("nvidia")))
+        .unwrap_or(false)
+}
+
+/// Which of `names` /proc/kallsyms lists (as a function, in any module).
+fn kallsyms_present(names: &[&'static str]) -> Vec<&'static str> {
+    let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(_), Some(kind), Some(sym)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        if matches!(kind, "t" | "T") {
+            if let Some(n) = names.iter().find(|n| **n == sym) {
+                if !found.contains(n) {
+                    found.push(*n);
+                }
+            }
+        }
+    }
+    found
+}
