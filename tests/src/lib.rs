@@ -1,1 +1,352 @@
-//! Helpers shared by the integration tests and benchmarks.
+//! Helpers shared by the integration tests and benchmarks: the `linger` binary under test, the
+//! processes it traces and the JSON lines it prints.
+//!
+//! Every child sits in a [`Guarded`], killed and reaped when dropped, so a failing test leaves no
+//! process behind. Every wait is bounded by [`HANG_GUARD`]: a hung program fails the test instead
+//! of hanging it. That bound only catches hangs; it asserts nothing about speed.
+
+use std::{
+    collections::BTreeSet,
+    ffi::OsStr,
+    io::{BufRead, BufReader, Read},
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc::{self, Receiver, RecvTimeoutError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use serde_json::Value;
+
+/// Longest wait for a line or an exit before the test gives up on a hung child.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// What `linger live` prints on stderr once its programs are attached.
+pub const READY: &str = "linger: tracing fatal signals (Ctrl-C to stop)";
+
+/// The binary under test: `cargo xtask test` builds it and sets `LINGER_BIN`.
+pub fn linger_bin() -> PathBuf {
+    match std::env::var("LINGER_BIN") {
+        Ok(path) => PathBuf::from(path),
+        Err(_) => panic!(
+            "LINGER_BIN is not set: run the integration tests with `cargo xtask test`, \
+             which builds target/release/linger and points LINGER_BIN at it"
+        ),
+    }
+}
+
+pub fn linger() -> Command {
+    Command::new(linger_bin())
+}
+
+/// Tests that load eBPF programs need root; say so plainly instead of failing further on.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test loads eBPF programs and needs root: run `sudo cargo xtask test`"
+    );
+}
+
+/// A child that is killed (SIGKILL) and reaped on drop, unless it was already waited for.
+pub struct Guarded(pub Child);
+
+impl Guarded {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Waits for the child to exit; it is this process that reaps it (wait4).
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + HANG_GUARD;
+        loop {
+            match self.0.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+                Ok(None) => panic!("child {} did not exit within {HANG_GUARD:?}", self.pid()),
+                Err(e) => panic!("waiting for child {}: {e}", self.pid()),
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        nix::sys::signal::kill(Pid::from_raw(self.pid() as i32), sig)
+            .unwrap_or_else(|e| panic!("sending {sig} to {}: {e}", self.pid()));
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // Errors mean it is already gone, which is what we want.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A child's output, read line by line on a thread so the child never blocks on a full pipe.
+pub struct Lines {
+    rx: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    pub fn read(from: impl Read + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(from).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next line, or None at the end of the output.
+    pub fn next_line(&mut self) -> Option<String> {
+        match self.rx.recv_timeout(HANG_GUARD) {
+            Ok(line) => {
+                self.seen.push(line.clone());
+                Some(line)
+            }
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("no output within {HANG_GUARD:?}; so far: {:?}", self.seen)
+            }
+        }
+    }
+
+    /// Reads up to the end of the output; returns every line, earlier ones included.
+    pub fn all(&mut self) -> Vec<String> {
+        while self.next_line().is_some() {}
+        self.seen.clone()
+    }
+}
+
+/// `linger __target`: a process with a known number of threads for the tracer to watch die.
+pub struct Target {
+    pub child: Guarded,
+    pub stdout: Lines,
+    pub pid: u32,
+}
+
+impl Target {
+    /// Starts one and waits until all its threads exist. `on_term`: default, survive or exit.
+    pub fn start(threads: u32, on_term: &str) -> Self {
+        let child = linger()
+            .args([
+                "__target",
+                "--threads",
+                &threads.to_string(),
+                "--on-term",
+                on_term,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting linger __target");
+        let mut child = Guarded(child);
+        let mut stdout = Lines::read(child.0.stdout.take().expect("piped stdout"));
+        let ready = stdout.next_line().unwrap_or_default();
+        let pid = child.pid();
+        assert_eq!(ready, format!("ready {pid}"), "__target did not start");
+        Self { child, stdout, pid }
+    }
+
+    /// Its threads' ids, as the kernel lists them now.
+    pub fn tids(&self) -> BTreeSet<u32> {
+        let dir = format!("/proc/{}/task", self.pid);
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("reading {dir}: {e}"))
+            .map(|entry| {
+                let name = entry.expect("reading a task entry").file_name();
+                name.to_string_lossy().parse().expect("task dirs are tids")
+            })
+            .collect()
+    }
+}
+
+/// A running `linger live`.
+pub struct Live {
+    pub child: Guarded,
+    stdout: Lines,
+    stderr: Lines,
+}
+
+impl Live {
+    /// Starts `linger live ARGS` and returns once it says its programs are attached.
+    pub fn start<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Self {
+        let mut child = Guarded(
+            linger()
+                .arg("live")
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting linger live"),
+        );
+        let stdout = Lines::read(child.0.stdout.take().expect("piped stdout"));
+        let mut stderr = Lines::read(child.0.stderr.take().expect("piped stderr"));
+        loop {
+            match stderr.next_line() {
+                Some(line) if line == READY => break,
+                Some(_) => {}
+                None => panic!(
+                    "linger live ended before attaching ({:?}): {:?}",
+                    child.wait(),
+                    stderr.all()
+                ),
+            }
+        }
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Traces incidents of `pid` only and stops after the first one (or after 20 s).
+    pub fn watch(pid: u32, survive_after: &str) -> Self {
+        Self::start([
+            "--json",
+            "--pid",
+            &pid.to_string(),
+            "--count",
+            "1",
+            "--duration",
+            "20s",
+            "--survive-after",
+            survive_after,
+        ])
+    }
+
+    /// Waits for linger to stop (on its own, or after a signal the test sent) and returns
+    /// what it printed.
+    pub fn finish(mut self) -> Output {
+        let status = self.child.wait();
+        let records = self
+            .stdout
+            .all()
+            .iter()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"))
+            })
+            .collect();
+        Output {
+            status,
+            records,
+            stderr: self.stderr.all().join("\n"),
+        }
+    }
+}
+
+/// What a finished `linger live` printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    /// Every stdout line, parsed.
+    pub records: Vec<Value>,
+    /// Every stderr line, the ready line included.
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn of_type(&self, record_type: &str) -> Vec<&Value> {
+        self.records
+            .iter()
+            .filter(|r| r["type"] == record_type)
+            .collect()
+    }
+
+    /// The one incident whose target is `pid`; fails showing all the output otherwise.
+    pub fn incident_of(&self, pid: u32) -> &Value {
+        assert!(self.status.success(), "linger live failed: {self:#?}");
+        let mut found = self
+            .of_type("incident")
+            .into_iter()
+            .filter(|r| r["target"]["pid"] == pid);
+        match (found.next(), found.next()) {
+            (Some(incident), None) => incident,
+            _ => panic!("expected exactly one incident for pid {pid}: {self:#?}"),
+        }
+    }
+}
+
+/// `value[pointer]` as an integer; fails naming the field and showing the record.
+pub fn num(value: &Value, pointer: &str) -> u64 {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{pointer} is not an integer in {value:#}"))
+}
+
+/// `value[pointer]` as a string; fails naming the field and showing the record.
+pub fn text<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{pointer} is not a string in {value:#}"))
+}
+
+/// `value[pointer]` as an array; fails naming the field and showing the record.
+pub fn list<'a>(value: &'a Value, pointer: &str) -> &'a [Value] {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| panic!("{pointer} is not an array in {value:#}"))
+}
+
+/// The timeline of an incident whose process died and was reaped, checked against what the
+/// kernel guarantees. Signal generation comes first; each thread dequeues the signal before it
+/// leaves the group's live count, so every delivery precedes the group-dead exit. Exits are
+/// bounded by the zombie notification rather than the group-dead exit: a thread can leave the
+/// live count, be preempted, and record its exit after the thread that ended the group.
+pub fn assert_exit_timeline(incident: &Value) {
+    let t_signal = num(incident, "/t_signal_ns");
+    let t_dead = num(incident, "/t_group_dead_ns");
+    let t_zombie = num(incident, "/t_zombie_ns");
+    let t_reaped = num(incident, "/t_reaped_ns");
+    for d in list(incident, "/deliveries") {
+        let t = num(d, "/t_ns");
+        assert!(
+            t_signal <= t && t <= t_dead,
+            "delivery out of order: {incident:#}"
+        );
+    }
+    let exits = list(incident, "/exits");
+    for e in exits {
+        let t = num(e, "/t_ns");
+        assert!(
+            t_signal <= t && t <= t_zombie,
+            "exit out of order: {incident:#}"
+        );
+    }
+    assert_eq!(
+        exits.iter().filter(|e| num(e, "/t_ns") == t_dead).count(),
+        1,
+        "t_group_dead_ns must be one thread's exit: {incident:#}"
+    );
+    assert!(
+        t_signal <= t_dead && t_dead <= t_zombie && t_zombie <= t_reaped,
+        "signal, group death, zombie and reap out of order: {incident:#}"
+    );
+}
+
+/// The thread ids of an incident's `exits`, checked to be distinct.
+pub fn exit_tids(incident: &Value) -> BTreeSet<u32> {
+    let exits = list(incident, "/exits");
+    let tids: BTreeSet<u32> = exits.iter().map(|e| num(e, "/tid") as u32).collect();
+    assert_eq!(
+        tids.len(),
+        exits.len(),
+        "a thread exited twice: {incident:#}"
+    );
+    tids
+}

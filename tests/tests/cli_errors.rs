@@ -1,0 +1,62 @@
+//! Mistakes on the command line and a missing root give exit code 2 and a message that names
+//! the problem, before anything is loaded.
+
+use std::{
+    os::unix::process::CommandExt,
+    process::{Command, Output},
+};
+
+use linger_tests::{linger, require_root};
+
+fn assert_refused(out: &Output, mentions: &[&str], what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{what}: {out:?}");
+    assert!(out.stdout.is_empty(), "{what}: printed on stdout: {out:?}");
+    for m in mentions {
+        assert!(
+            stderr.contains(m),
+            "{what}: stderr does not mention {m:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn bad_flags_name_the_problem() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["live", "--duration", "banana"],
+            &["--duration", "banana", "not a duration"],
+        ),
+        (
+            &["live", "--ring-size", "1000"],
+            &["--ring-size", "power of two"],
+        ),
+        (
+            &["live", "--signal", "SIGNOPE"],
+            &["--signal", "SIGNOPE", "not a signal"],
+        ),
+        (&["live", "--count", "-3"], &["-3"]),
+        (&["live", "--frobnicate"], &["--frobnicate"]),
+        (&["frobnicate"], &["frobnicate"]),
+    ];
+    for (args, mentions) in cases {
+        let out = linger().args(*args).output().expect("running linger");
+        assert_refused(&out, mentions, &args.join(" "));
+    }
+}
+
+/// Runs linger as `nobody` (uid and gid 65534, no supplementary groups).
+fn as_nobody(args: &[&str]) -> Output {
+    let mut cmd: Command = linger();
+    cmd.args(args).uid(65534).gid(65534);
+    cmd.output().expect("running linger as nobody")
+}
+
+#[test]
+fn missing_root_is_named() {
+    // Dropping to nobody needs root in the first place.
+    require_root();
+    for args in [&["live", "--duration", "1s"][..], &["doctor"], &["demo"]] {
+        assert_refused(&as_nobody(args), &["root"], &args.join(" "));
+    }
+}
