@@ -358,25 +358,26 @@ pub struct Record<T> {
 /// Payload types and their kind ids.
 pub trait Payload: Copy + 'static {
     const KIND: Kind;
+    /// Whether writing one wakes the collector at once. Bulk records (ioctls, samples, forks)
+    /// do not: the collector drains them on its next tick, which keeps a wakeup and a context
+    /// switch off every traced ioctl.
+    const WAKE: bool;
 }
 
 macro_rules! payloads {
-    ($($t:ident),*) => { $(impl Payload for $t { const KIND: Kind = Kind::$t; })* };
+    ($wake:literal: $($t:ident),*) => {
+        $(impl Payload for $t { const KIND: Kind = Kind::$t; const WAKE: bool = $wake; })*
+    };
 }
+payloads!(true: SignalGenerate, SignalDeliver, TaskExit, Reap, KthreadWakeup, BenchTick);
 payloads!(
-    SignalGenerate,
-    SignalDeliver,
-    ProcessFork,
+    false: ProcessFork,
     ProcessExec,
-    TaskExit,
-    Reap,
     GpuFd,
     GpuCloseRange,
     GpuIoctl,
     TeardownSample,
-    KthreadWakeup,
-    DriverCall,
-    BenchTick
+    DriverCall
 );
 
 #[cfg(feature = "user")]

@@ -7,6 +7,9 @@ use aya_ebpf::{
 };
 use tracer_common::{Header, Payload, Record};
 
+/// `bpf_ringbuf_submit` flag: do not notify the consumer.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
 /// Resized by user space before load (`--ring-size`).
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
@@ -40,6 +43,12 @@ pub fn current_ids() -> (u32, u32) {
 /// ring buffer counts a drop instead.
 #[inline(always)]
 pub fn emit<T: Payload>(fill: impl FnOnce(&mut T)) {
+    emit_waking::<T>(T::WAKE, fill)
+}
+
+/// [`emit`], choosing whether to wake the collector.
+#[inline(always)]
+pub fn emit_waking<T: Payload>(wake: bool, fill: impl FnOnce(&mut T)) {
     let Some(mut entry) = EVENTS.reserve::<Record<T>>(0) else {
         count_drop();
         return;
@@ -60,7 +69,7 @@ pub fn emit<T: Payload>(fill: impl FnOnce(&mut T)) {
         };
         fill(&mut (*rec).payload);
     }
-    entry.submit(0);
+    entry.submit(if wake { 0 } else { BPF_RB_NO_WAKEUP });
 }
 
 fn count_drop() {

@@ -101,7 +101,15 @@ pub fn fd_installed(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// linger's own pid: its NVML use opens nvidiactl, which is not a GPU holder to follow.
+#[unsafe(no_mangle)]
+static SELF_PID: u32 = 0;
+
 fn installed(op: FdOp, fd: u32) {
+    // SAFETY: read-only global filled before load.
+    if current_ids().0 == unsafe { core::ptr::read_volatile(&SELF_PID) } {
+        return;
+    }
     if let Some((fdt, file, dev)) = gpu_file_at(fd) {
         let _ = HOLDERS.insert(current_ids().0, 0, 0);
         emit_fd(op, fd, fdt, file, dev, 0);

@@ -8,7 +8,7 @@ use aya_ebpf::{
 use tracer_common::{FdOp, ProcessExec, ProcessFork, Reap, ReapHow, TaskExit, FORK_FILES_SHARED};
 
 use crate::{
-    emit::{emit, is_tracked, TRACKED},
+    emit::{emit, emit_waking, is_tracked, TRACKED},
     files::{is_holder, walk, HOLDERS},
     task::Task,
     teardown::stop_dying,
@@ -62,7 +62,8 @@ fn task_exit(task: Task, group_dead: bool) {
         walk(task, FdOp::HeldAtExit);
         let _ = HOLDERS.remove(tgid);
     }
-    emit::<TaskExit>(|e| {
+    // Exits of processes nobody signalled only keep the process table: no need to wake.
+    emit_waking::<TaskExit>(is_tracked(tgid), |e| {
         e.exit_code = task.exit_code();
         e.group_dead = group_dead as u32;
         e.comm = task.comm();

@@ -489,6 +489,13 @@ impl Correlator {
         for pid in back {
             if let Some(mut inc) = self.lingering.remove(&pid) {
                 inc.record_type = "incident_update";
+                // Allocations refused while it lingered, up to its release.
+                inc.collateral = self
+                    .ledger
+                    .failed_between(inc.t_signal_ns, now)
+                    .into_iter()
+                    .filter(|f| f.pid != pid)
+                    .collect();
                 closed.push(inc);
             }
         }
@@ -499,10 +506,13 @@ impl Correlator {
         inc.outcome = outcome;
         let log = self.teardown.remove(&inc.target.pid).unwrap_or_default();
         let from = inc.t_group_dead_ns.unwrap_or(inc.t_signal_ns);
+        // The teardown ends when NVML shows the memory back; without that, when the dying
+        // task is done releasing its files (it becomes a zombie right after).
         let end = inc
             .gpu
             .as_ref()
-            .and_then(|g| g.t_memory_back_ns.or(g.t_files_released_ns))
+            .and_then(|g| g.t_memory_back_ns)
+            .or(inc.t_zombie_ns)
             .unwrap_or(self.now_ns);
         inc.phases = log.phases(&self.stacks, from, end);
         let asleep = log

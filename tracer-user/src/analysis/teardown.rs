@@ -1,16 +1,16 @@
 //! Where a dying GPU process's teardown time went, from its kernel stacks: on-CPU samples
 //! weighted by the time since the thread's previous sample, and sleeps by their length, each
 //! classified into a phase by the frames it passes through.
+//!
+//! A sample's weight is not capped: the driver spins with interrupts off for tens of
+//! milliseconds (GSP RPC polling; a 43 ms gap was seen on the H200), and the timer fires only
+//! afterwards, inside the same work. Time a thread waited for a CPU counts the same way.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::event::SampleKind;
-
-/// A gap longer than this between two samples of one thread was not all on-CPU time (the
-/// thread was preempted or the sampler throttled): it counts only this much.
-const MAX_SAMPLE_WEIGHT_NS: u64 = 10_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -120,10 +120,7 @@ impl TeardownLog {
                 SampleKind::OnCpu => {
                     let prev = last.insert(s.tid, s.t_ns).unwrap_or(from).max(from);
                     if (from..=to).contains(&s.t_ns) {
-                        add(
-                            s.stack_id,
-                            s.t_ns.saturating_sub(prev).min(MAX_SAMPLE_WEIGHT_NS),
-                        );
+                        add(s.stack_id, s.t_ns.saturating_sub(prev));
                     }
                 }
                 SampleKind::BlockEnd => {
@@ -176,7 +173,7 @@ impl TeardownLog {
             let ns = match s.kind {
                 SampleKind::OnCpu => {
                     let prev = last.insert(s.tid, s.t_ns).unwrap_or(from).max(from);
-                    s.t_ns.saturating_sub(prev).min(MAX_SAMPLE_WEIGHT_NS)
+                    s.t_ns.saturating_sub(prev)
                 }
                 SampleKind::BlockEnd => {
                     last.insert(s.tid, s.t_ns);

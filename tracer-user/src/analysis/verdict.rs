@@ -108,7 +108,11 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
                 .into(),
         });
     }
-    let end = back.or(gpu.t_files_released_ns).unwrap_or(dead);
+    // Without NVML's word, the dying task is done with its files when it becomes a zombie.
+    let end = back
+        .or(inc.t_zombie_ns)
+        .or(gpu.t_files_released_ns)
+        .unwrap_or(dead);
     let took = end.saturating_sub(dead);
     let dominant = cx.phases.first();
     let breakdown: Vec<String> = cx
@@ -153,10 +157,16 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
             p.name.label()
         ),
         (VerdictKind::SlowTeardown, None) => format!("teardown took {:.0} ms", ms(took)),
-        _ => format!(
-            "nothing to do: the memory was back {:.1} ms after the kill",
-            ms(end.saturating_sub(inc.t_signal_ns))
-        ),
+        _ => match back {
+            Some(b) => format!(
+                "nothing to do: the memory was back {:.1} ms after the kill",
+                ms(b.saturating_sub(inc.t_signal_ns))
+            ),
+            None => format!(
+                "nothing to do: it finished releasing its GPU files {:.1} ms after the kill",
+                ms(end.saturating_sub(inc.t_signal_ns))
+            ),
+        },
     };
     Some(Verdict {
         kind,

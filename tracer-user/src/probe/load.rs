@@ -98,6 +98,7 @@ impl Probes {
             .override_global("OFFSETS", &offsets, true)
             .override_global("FATAL_SIGNALS", &mask, true)
             .override_global("BENCH_PID", &bench_pid, true)
+            .override_global("SELF_PID", &std::process::id(), true)
             .map_max_entries("EVENTS", config.ring_size)
             .load(EBPF_OBJECT)
             .map_err(|e| Error::Load(e.to_string()))?;

@@ -147,14 +147,20 @@ fn render_phases(s: &mut String, inc: &Incident) {
 
 fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnchor) {
     let nvml = match gpu.bytes_nvml {
+        Some(0) if gpu.nvml_used_before.is_none() => "NVML lists no memory for this pid".into(),
         Some(b) => format!("NVML {}", gib(b)),
         None => "no NVML".into(),
     };
+    // The ledger only knows what was allocated while tracing.
+    let ledger = if gpu.bytes_ledger == 0 && gpu.bytes_nvml.is_some_and(|b| b > 0) {
+        "ledger: allocated before tracing began".to_string()
+    } else {
+        format!("ledger {} B video", gpu.bytes_ledger)
+    };
     let _ = writeln!(
         s,
-        "{INDENT}GPU  {} (ledger {} B video; {nvml}) in {} GPU file descriptor(s)",
+        "{INDENT}GPU  {} ({ledger}; {nvml}) in {} GPU file descriptor(s)",
         gib(gpu.bytes_ledger.max(gpu.bytes_nvml.unwrap_or(0))),
-        gpu.bytes_ledger,
         gpu.files.len(),
     );
     let mut steps = Vec::new();
@@ -173,7 +179,7 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
     if gpu.t_memory_back_ns.is_none() && inc.t_group_dead_ns.is_some() {
         if gpu.t_files_released_ns.is_none() && !inc.holders.is_empty() {
             steps.push("memory still in use: other processes hold its GPU files".to_string());
-        } else if gpu.bytes_nvml.is_some() {
+        } else if gpu.nvml_used_before.is_some() {
             steps.push("NVML did not show the memory back".to_string());
         }
     }

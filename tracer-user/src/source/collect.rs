@@ -72,18 +72,13 @@ pub async fn run_tapped(
         tokio::select! {
             ready = source.readable() => {
                 ready?;
-                let from = batch.len();
-                source.drain_tapped(&mut batch, tap);
-                if let Some(gpu) = gpu.as_deref_mut() {
-                    let found: Vec<Event> = batch[from..].iter().filter_map(|e| gpu.enrich(e)).collect();
-                    for e in found {
-                        push(&mut batch, tap, e);
-                    }
-                }
+                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
             }
             Some(reading) = next_nvml(gpu.as_deref_mut()) => push(&mut batch, tap, reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
+                // Bulk records do not wake us: take them now.
+                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
                 source.refresh_dying_hint();
                 if let Some(loss) = source.poll_drops(now) {
                     push(&mut batch, tap, loss);
@@ -101,7 +96,7 @@ pub async fn run_tapped(
         }
     }
     // Whatever arrived before the stop still counts.
-    source.drain_tapped(&mut batch, tap);
+    drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
     if let Some(loss) = source.poll_drops(boottime_ns()) {
         push(&mut batch, tap, loss);
     }
@@ -111,6 +106,24 @@ pub async fn run_tapped(
         }
     }
     Ok(source)
+}
+
+/// Kernel records available now, each followed by what the GPU side learns from it
+/// (/proc facts, symbolized stacks), in the order the recorder sees them too.
+fn drain(
+    source: &mut KernelSource,
+    gpu: Option<&mut GpuSources>,
+    batch: &mut Vec<Event>,
+    tap: &mut impl Tap,
+) {
+    let from = batch.len();
+    source.drain_tapped(batch, tap);
+    if let Some(gpu) = gpu {
+        let found: Vec<Event> = batch[from..].iter().filter_map(|e| gpu.enrich(e)).collect();
+        for e in found {
+            push(batch, tap, e);
+        }
+    }
 }
 
 async fn next_nvml(gpu: Option<&mut GpuSources>) -> Option<Event> {

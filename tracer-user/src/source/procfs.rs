@@ -103,10 +103,15 @@ fn scan(devices: &GpuDevices) -> Vec<Found> {
     let Ok(procs) = fs::read_dir("/proc") else {
         return found;
     };
+    let me = std::process::id();
     for entry in procs.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
+        // linger's own NVML use opens nvidiactl; it holds no GPU memory.
+        if pid == me {
+            continue;
+        }
         let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
