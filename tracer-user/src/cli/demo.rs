@@ -36,6 +36,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         linger_after: Duration::from_secs(30),
         // The demo child holds no GPU memory.
         no_nvml: true,
+        sample_hz: 4999,
+        no_ioctls: false,
+
         driver_hooks: Default::default(),
         recording: Default::default(),
     };
@@ -57,10 +60,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "linger demo: started child {pid} with {} threads; sending SIGKILL",
         args.threads
     );
-    nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
-    child.wait()?;
     live_args.pids = vec![pid];
-    let incidents = live::trace(probes, &live_args, None, &mut std::io::stdout().lock())?;
+    // Kill once the collector reads the ring, so a busy machine cannot overflow it first.
+    let kill_and_reap = move || {
+        std::thread::spawn(move || {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        });
+    };
+    let incidents = live::trace(
+        probes,
+        &live_args,
+        kill_and_reap,
+        &mut std::io::stdout().lock(),
+    )?;
+
     if incidents.is_empty() {
         bail!("no incident seen for the demo child {pid}");
     }

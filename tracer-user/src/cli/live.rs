@@ -54,7 +54,14 @@ pub struct Args {
     /// GPU memory not back this long after its process died is reported as lingering.
     #[arg(long, value_parser = duration::parse, default_value = "30s")]
     pub linger_after: Duration,
+    /// On-CPU kernel stack samples per second of dying GPU processes (0: none).
+    #[arg(long, default_value_t = 4999)]
+    pub sample_hz: u64,
+    /// Do not follow GPU ioctls (no allocation ledger; holders and teardown still traced).
+    #[arg(long)]
+    pub no_ioctls: bool,
     /// Do not read GPU memory through NVML (kernel data only).
+
     #[arg(long)]
     pub no_nvml: bool,
     /// Kernel ring buffer size in bytes (a power of two, at least 4096).
@@ -84,8 +91,8 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let probes = load(&args)?;
-    let ready = "linger: tracing fatal signals (Ctrl-C to stop)";
-    trace(probes, &args, Some(ready), &mut std::io::stdout().lock()).map(|_| ())
+    let ready = || eprintln!("linger: tracing fatal signals (Ctrl-C to stop)");
+    trace(probes, &args, ready, &mut std::io::stdout().lock()).map(|_| ())
 }
 
 pub fn load(args: &Args) -> anyhow::Result<Probes> {
@@ -100,6 +107,8 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         bench_pid: None,
         gpu_devices: GpuDevices::discover(&args.gpu_devices)?,
         driver_hooks: args.driver_hooks,
+        sample_hz: args.sample_hz,
+        ioctls: !args.no_ioctls,
         ..Default::default()
     })?)
 }
@@ -108,7 +117,7 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
 pub fn trace(
     mut probes: Probes,
     args: &Args,
-    ready: Option<&str>,
+    ready: impl FnOnce(),
     out: &mut impl Write,
 ) -> anyhow::Result<Vec<Incident>> {
     let anchor = WallAnchor::now();
@@ -153,10 +162,6 @@ pub fn trace(
         args.recording.redact_cmdline,
     );
     let fast_nvml = gpu.fast_switch();
-    // Said once everything is attached and the holders at start are known.
-    if let Some(line) = ready {
-        eprintln!("{line}");
-    }
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
@@ -164,6 +169,9 @@ pub fn trace(
             Some(&mut gpu),
             args.duration,
             &mut recorder,
+            // Once everything is attached, the holders at start are known and a Ctrl-C
+            // would end the run cleanly.
+            ready,
             |event| {
                 let flow = report.on_event(event);
                 if let Some(fast) = &fast_nvml {

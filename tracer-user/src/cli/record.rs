@@ -44,8 +44,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
     args.live.recording.path = Some(args.output);
     let probes = live::load(&args.live)?;
-    let ready = "linger: recording (Ctrl-C to stop)";
-    live::trace(probes, &args.live, Some(ready), &mut std::io::sink())?;
+    let ready = || eprintln!("linger: recording (Ctrl-C to stop)");
+    live::trace(probes, &args.live, ready, &mut std::io::sink())?;
+
     Ok(())
 }
 

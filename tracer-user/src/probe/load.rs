@@ -54,8 +54,11 @@ pub struct ProbeConfig {
     pub bench_pid: Option<u32>,
     /// Which char devices count as GPU files.
     pub gpu_devices: GpuDevices,
-    /// On-CPU stack samples per second of dying GPU processes.
+    /// On-CPU stack samples per second of dying GPU processes (0: none; sleeps are still
+    /// recorded).
     pub sample_hz: u64,
+    /// Follow GPU ioctls (the ledger). Off, holders and teardown are still traced.
+    pub ioctls: bool,
     /// Which driver hooks to try.
     pub driver_hooks: DriverHooks,
 }
@@ -68,6 +71,8 @@ impl Default for ProbeConfig {
             bench_pid: None,
             gpu_devices: GpuDevices::default(),
             sample_hz: 4999,
+            ioctls: true,
+
             driver_hooks: DriverHooks::Auto,
         }
     }
@@ -148,14 +153,18 @@ impl Probes {
             ("fcntl_exit", &["sys_exit_fcntl"]),
             ("fd_close", &["sys_enter_close"]),
             ("fd_close_range", &["sys_enter_close_range"]),
-            ("ioctl_enter", &["sys_enter_ioctl"]),
-            ("ioctl_exit", &["sys_exit_ioctl"]),
         ] {
             probes.attach_syscalls(program, syscalls)?;
         }
+        if config.ioctls {
+            probes.attach_syscalls("ioctl_enter", &["sys_enter_ioctl"])?;
+            probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
+        }
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
         probes.attach_btf("teardown_wakeup", "sched_wakeup", &btf)?;
-        probes.attach_sampling(config.sample_hz)?;
+        if config.sample_hz > 0 {
+            probes.attach_sampling(config.sample_hz)?;
+        }
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }

@@ -46,15 +46,17 @@ pub async fn run(
     duration: Option<Duration>,
     sink: impl FnMut(&Event) -> ControlFlow<()>,
 ) -> std::io::Result<KernelSource> {
-    run_tapped(source, None, duration, &mut (), sink).await
+    run_tapped(source, None, duration, &mut (), || {}, sink).await
 }
 
-/// [`run`] with the GPU-side inputs, showing every event to `tap` before the sink sees it.
+/// [`run`] with the GPU-side inputs, showing every event to `tap` before the sink sees it;
+/// `ready` runs once Ctrl-C and SIGTERM would stop it cleanly.
 pub async fn run_tapped(
     mut source: KernelSource,
     mut gpu: Option<&mut GpuSources>,
     duration: Option<Duration>,
     tap: &mut impl Tap,
+    ready: impl FnOnce(),
     mut sink: impl FnMut(&Event) -> ControlFlow<()>,
 ) -> std::io::Result<KernelSource> {
     let mut ticker = interval(TICK);
@@ -62,6 +64,8 @@ pub async fn run_tapped(
     let deadline = sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
     tokio::pin!(deadline);
     let mut stop = stop_signals()?;
+    ready();
+
     let mut batch = Vec::with_capacity(1024);
     if let Some(gpu) = gpu.as_deref_mut() {
         for e in gpu.take_startup() {
