@@ -300,6 +300,7 @@ impl Correlator {
             phases: Vec::new(),
             verdict: None,
             collateral: Vec::new(),
+            teardown_stacks: Vec::new(),
         }
     }
 
@@ -515,6 +516,16 @@ impl Correlator {
             .or(inc.t_zombie_ns)
             .unwrap_or(self.now_ns);
         inc.phases = log.phases(&self.stacks, from, end);
+        inc.teardown_stacks = log
+            .weighted_stacks(from, end)
+            .into_iter()
+            .map(|(id, ns)| {
+                let mut frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                frames.reverse();
+                (frames, ns)
+            })
+            .collect();
+
         let asleep = log
             .asleep(self.now_ns)
             .into_iter()

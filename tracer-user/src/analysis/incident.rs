@@ -50,6 +50,10 @@ pub struct Incident {
     pub verdict: Option<Verdict>,
     /// Allocations of other processes the driver refused while this one's memory was held.
     pub collateral: Vec<FailedAlloc>,
+    /// The teardown's kernel stacks (outermost frame first) with the time each accounts for:
+    /// the flamegraph `linger export --format folded|svg` draws. Not in the JSON lines.
+    #[serde(skip)]
+    pub teardown_stacks: Vec<(Vec<String>, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -1,6 +1,7 @@
 //! Folded stacks (`frame;frame;frame weight`, the flamegraph input format) of where killed
 //! processes spend their time: one stack per target command, signal and phase, weighted in
-//! nanoseconds summed over incidents. Kernel stacks of the teardown will extend the frames.
+//! nanoseconds summed over incidents; the teardown of GPU processes continues into the kernel
+//! stacks sampled while they died.
 
 use std::{collections::BTreeMap, io::Write};
 
@@ -18,6 +19,16 @@ pub fn lines(incidents: &[Incident]) -> Vec<String> {
                 phase.name
             );
             *weights.entry(stack).or_default() += phase.end_ns - phase.start_ns;
+        }
+        for (frames, ns) in &inc.teardown_stacks {
+            let kernel: Vec<String> = frames.iter().map(|f| frame(f)).collect();
+            let stack = format!(
+                "{};{};teardown (kernel stacks);{}",
+                frame(&inc.target.comm),
+                inc.signal_name,
+                kernel.join(";")
+            );
+            *weights.entry(stack).or_default() += ns;
         }
     }
     weights
