@@ -109,7 +109,6 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         driver_hooks: args.driver_hooks,
         sample_hz: args.sample_hz,
         ioctls: !args.no_ioctls,
-        ..Default::default()
     })?)
 }
 

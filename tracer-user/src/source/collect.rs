@@ -100,7 +100,8 @@ pub async fn run_tapped(
         }
     }
     // Whatever arrived before the stop still counts.
-    drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
+    drain(&mut source, gpu, &mut batch, tap);
+
     if let Some(loss) = source.poll_drops(boottime_ns()) {
         push(&mut batch, tap, loss);
     }

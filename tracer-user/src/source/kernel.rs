@@ -26,7 +26,8 @@ impl KernelSource {
         // SAFETY: the AsyncFd owns the ring buffer, which owns its fd, so the fd stays open and
         // unshared for as long as it is registered.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| std::io::Error::from(e.into_parts().1))?;
+            .map_err(|e| e.into_parts().1)?;
+
         let drops = probes.take_drops()?;
         Ok(Self {
             ring,
