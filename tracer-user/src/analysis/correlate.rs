@@ -20,7 +20,9 @@ const SIGSTOP: u32 = 19;
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
 const RESULT_IGNORED: i32 = 1;
 
-#[derive(Clone, Debug)]
+/// Stored in trace files (as the replay's defaults), so it serializes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CorrelatorConfig {
     /// Only incidents whose target has one of these pids (empty: all).
     pub pids: Vec<u32>,
@@ -226,14 +228,6 @@ impl Correlator {
                 .as_ref()
                 .is_some_and(|g| g.t_memory_back_ns.is_none())
         })
-    }
-
-    pub fn holders(&self) -> &Holders {
-        &self.holders
-    }
-
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
     }
 
     fn wanted(&self, pid: u32, comm: &str) -> bool {
@@ -491,12 +485,7 @@ impl Correlator {
             if let Some(mut inc) = self.lingering.remove(&pid) {
                 inc.record_type = "incident_update";
                 // Allocations refused while it lingered, up to its release.
-                inc.collateral = self
-                    .ledger
-                    .failed_between(inc.t_signal_ns, now)
-                    .into_iter()
-                    .filter(|f| f.pid != pid)
-                    .collect();
+                inc.collateral = self.ledger.refused_others(pid, inc.t_signal_ns, now);
                 closed.push(inc);
             }
         }
@@ -542,12 +531,8 @@ impl Correlator {
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
             .filter(|&p| p != target && self.holders.process(p).is_none())
             .collect();
-        inc.collateral = self
-            .ledger
-            .failed_between(inc.t_signal_ns, end)
-            .into_iter()
-            .filter(|f| f.pid != target)
-            .collect();
+        inc.collateral = self.ledger.refused_others(target, inc.t_signal_ns, end);
+
         if inc.gpu.is_some() || inc.t_group_dead_ns.is_none() {
             inc.verdict = verdict::decide(
                 &inc,

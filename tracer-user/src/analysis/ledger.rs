@@ -195,17 +195,14 @@ impl Ledger {
         v
     }
 
-    /// Refused allocations in `[from, to]`.
-    pub fn failed_between(&self, from: u64, to: u64) -> Vec<FailedAlloc> {
+    /// Allocations of processes other than `pid` refused in `[from, to]`: the collateral of
+    /// `pid`'s memory being held then.
+    pub fn refused_others(&self, pid: u32, from: u64, to: u64) -> Vec<FailedAlloc> {
         self.failed
             .iter()
-            .filter(|f| (from..=to).contains(&f.t_ns))
+            .filter(|f| f.pid != pid && (from..=to).contains(&f.t_ns))
             .cloned()
             .collect()
-    }
-
-    pub fn failed(&self) -> &[FailedAlloc] {
-        &self.failed
     }
 }
 

@@ -49,7 +49,7 @@ pub struct Filters {
 impl Filters {
     /// The recording's analysis options with these overrides.
     pub fn apply(&self, meta: &TraceMeta) -> CorrelatorConfig {
-        let mut config = meta.analysis.config();
+        let mut config = meta.analysis.config.clone();
         if self.all {
             config.pids.clear();
             config.comms.clear();

@@ -36,12 +36,6 @@ pub struct Report {
     pub driver_hooks: Strategy,
 }
 
-impl Report {
-    pub fn hook_ok(&self, name: &str) -> bool {
-        self.hooks.iter().any(|c| c.name == name && c.ok)
-    }
-}
-
 pub fn run() -> Report {
     let mut hooks = Vec::new();
     if let Err(e) = tracefs::ensure_mounted() {

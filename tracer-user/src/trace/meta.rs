@@ -63,50 +63,22 @@ pub struct DeviceMajor {
     pub class: String,
 }
 
+/// The live run's analysis options, the replay's defaults. Options a file does not name (an
+/// older recorder) take today's defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AnalysisDefaults {
-    pub pids: Vec<u32>,
-    pub comms: Vec<String>,
-    pub survive_after_ns: u64,
-    pub reap_wait_ns: u64,
-    pub linger_after_ns: u64,
-    pub slow_after_ns: u64,
+    #[serde(flatten)]
+    pub config: CorrelatorConfig,
     pub count: Option<u64>,
 }
 
 impl AnalysisDefaults {
     pub fn new(config: &CorrelatorConfig, count: Option<usize>) -> Self {
         Self {
-            pids: config.pids.clone(),
-            comms: config.comms.clone(),
-            survive_after_ns: config.survive_after_ns,
-            reap_wait_ns: config.reap_wait_ns,
-            linger_after_ns: config.linger_after_ns,
-            slow_after_ns: config.slow_after_ns,
+            config: config.clone(),
             count: count.map(|n| n as u64),
         }
-    }
-
-    /// The correlator configuration they describe; zero times (an older file) take the defaults.
-    pub fn config(&self) -> CorrelatorConfig {
-        let d = CorrelatorConfig::default();
-        CorrelatorConfig {
-            pids: self.pids.clone(),
-            comms: self.comms.clone(),
-            survive_after_ns: nonzero_or(self.survive_after_ns, d.survive_after_ns),
-            reap_wait_ns: nonzero_or(self.reap_wait_ns, d.reap_wait_ns),
-            linger_after_ns: nonzero_or(self.linger_after_ns, d.linger_after_ns),
-            slow_after_ns: nonzero_or(self.slow_after_ns, d.slow_after_ns),
-        }
-    }
-}
-
-fn nonzero_or(v: u64, default: u64) -> u64 {
-    if v == 0 {
-        default
-    } else {
-        v
     }
 }
 
