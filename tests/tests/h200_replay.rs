@@ -206,3 +206,34 @@ fn forked_holder_is_named_and_the_release_is_reported_when_it_dies() {
     assert!(!collateral.is_empty());
     assert!(collateral.iter().all(|c| c["status"] == "NV_ERR_NO_MEMORY"));
 }
+
+#[test]
+fn perfetto_export_of_the_h200_kill_is_a_valid_timeline() {
+    let dir = data("issue4");
+    let out = std::env::temp_dir().join(format!("linger-h200-{}.json", std::process::id()));
+    let status = Command::new(linger())
+        .args(["export", "--format", "perfetto", "-o"])
+        .arg(&out)
+        .arg(dir.join("plain-kill-16g.trace"))
+        .status()
+        .expect("run linger export");
+    assert!(status.success());
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("export written")).expect("valid JSON");
+    let _ = std::fs::remove_file(&out);
+    let events = doc["traceEvents"].as_array().expect("traceEvents");
+    let named = |name: &'static str| events.iter().filter(move |e| e["name"] == name);
+
+    // The release is a slice carrying its teardown breakdown, as long as death to memory back.
+    let incident = &records(&dir.join("plain-kill-16g.trace"), "incident")[0];
+    let window_us = (incident["gpu"]["t_memory_back_ns"].as_u64().expect("back")
+        - incident["t_group_dead_ns"].as_u64().expect("dead")) as f64
+        / 1e3;
+    let release = named("releasing GPU memory").next().expect("release slice");
+    assert!((release["dur"].as_f64().expect("dur") - window_us).abs() < 1.0);
+    assert_eq!(release["args"]["teardown"], incident["phases"]);
+    // NVML memory is a counter; the 16 GiB allocation is an RM_ALLOC slice of its process.
+    assert!(events.iter().any(|e| e["ph"] == "C"));
+    let pid = &incident["target"]["pid"];
+    assert!(named("RM_ALLOC").any(|e| e["pid"] == *pid && e["args"]["size"] == 16u64 << 30));
+}

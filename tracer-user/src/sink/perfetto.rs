@@ -10,7 +10,7 @@ use std::{
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::phases::{end_ns, phases};
+use super::phases::{self, end_ns, phases};
 use crate::{
     analysis::{signals, Incident},
     event::{Event, EventData},
@@ -46,6 +46,34 @@ struct TraceEvent<'a> {
     s: Option<&'a str>,
     #[serde(skip_serializing_if = "Value::is_null")]
     args: Value,
+}
+
+/// An ioctl's escape name for the timeline.
+fn ioctl_name(cmd: u32) -> String {
+    use tracer_common::driver as d;
+    let name = match if cmd <= 0xff { cmd } else { d::ioc_nr(cmd) } {
+        _ if cmd > 0xff && d::ioc_type(cmd) != d::NV_IOCTL_MAGIC => return format!("UVM {cmd:#x}"),
+        d::RM_ALLOC => "RM_ALLOC",
+        d::RM_FREE => "RM_FREE",
+        d::RM_CONTROL => "RM_CONTROL",
+        d::RM_ALLOC_MEMORY => "RM_ALLOC_MEMORY",
+        d::RM_MAP_MEMORY => "RM_MAP_MEMORY",
+        d::RM_UNMAP_MEMORY => "RM_UNMAP_MEMORY",
+        d::RM_DUP_OBJECT => "RM_DUP_OBJECT",
+        d::RM_SHARE => "RM_SHARE",
+        d::RM_VID_HEAP_CONTROL => "RM_VID_HEAP_CONTROL",
+        d::CARD_INFO => "CARD_INFO",
+        d::REGISTER_FD => "REGISTER_FD",
+        d::ALLOC_OS_EVENT => "ALLOC_OS_EVENT",
+        d::FREE_OS_EVENT => "FREE_OS_EVENT",
+        d::CHECK_VERSION_STR => "CHECK_VERSION_STR",
+        d::ATTACH_GPUS_TO_FD => "ATTACH_GPUS_TO_FD",
+        d::EXPORT_TO_DMABUF_FD => "EXPORT_TO_DMABUF_FD",
+        d::WAIT_OPEN_COMPLETE => "WAIT_OPEN_COMPLETE",
+        nr if cmd > 0xff => return format!("NV escape {nr:#x}"),
+        _ => return format!("UVM {cmd:#x}"),
+    };
+    name.to_string()
 }
 
 fn us(ns: u64) -> f64 {
@@ -168,7 +196,29 @@ impl<W: Write> ChromeTrace<W> {
                 self.name(info.pid, None, &info.comm);
                 Ok(())
             }
-            EventData::Tick | EventData::BenchTick => Ok(()),
+            // Samples feed the flamegraph (`--format svg`); on a timeline they are noise.
+            EventData::Tick
+            | EventData::BenchTick
+            | EventData::TeardownSample { .. }
+            | EventData::Stack { .. } => Ok(()),
+            // A driver call as a slice on its thread, ending when the ioctl returned.
+            EventData::GpuIoctl {
+                cmd, duration_ns, ..
+            } => {
+                let name = ioctl_name(*cmd);
+                self.name(pid, Some(tid), "");
+                self.write(&TraceEvent {
+                    name: &name,
+                    cat: "ioctl",
+                    ph: "X",
+                    ts: us(e.ts_ns.saturating_sub(*duration_ns)),
+                    dur: Some(us(*duration_ns)),
+                    pid,
+                    tid,
+                    s: None,
+                    args: serde_json::to_value(&e.data)?,
+                })
+            }
             // Kinds without a drawing of their own: an instant named by the kind, its fields
             // as arguments.
             other => {
@@ -201,6 +251,12 @@ impl<W: Write> ChromeTrace<W> {
             args: serde_json::to_value(inc)?,
         })?;
         for phase in phases(inc) {
+            // The GPU release carries where its time went (sampled, so not placed in time).
+            let args = if phase.name == phases::RELEASING && !inc.phases.is_empty() {
+                json!({ "teardown": inc.phases, "verdict": inc.verdict })
+            } else {
+                Value::Null
+            };
             self.write(&TraceEvent {
                 name: phase.name,
                 cat: "phase",
@@ -210,7 +266,7 @@ impl<W: Write> ChromeTrace<W> {
                 pid,
                 tid: pid,
                 s: None,
-                args: Value::Null,
+                args,
             })?;
         }
         Ok(())

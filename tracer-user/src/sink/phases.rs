@@ -4,6 +4,9 @@
 
 use crate::analysis::incident::Incident;
 
+/// From the group's death until NVML shows its GPU memory back.
+pub const RELEASING: &str = "releasing GPU memory";
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Phase {
     pub name: &'static str,
@@ -39,7 +42,7 @@ pub fn phases(inc: &Incident) -> Vec<Phase> {
         .filter(|&b| b > exited && inc.t_zombie_ns.is_none_or(|z| b <= z));
     let exited = match back {
         Some(back) => {
-            push("releasing GPU memory", exited, Some(back));
+            push(RELEASING, exited, Some(back));
             back
         }
         None => exited,
