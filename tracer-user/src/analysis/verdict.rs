@@ -212,3 +212,114 @@ fn undead(inc: &Incident, cx: &Context) -> Option<Verdict> {
             .into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The decision on incidents shaped like the rare cases, which need a broken driver or
+    //! another pid namespace to happen for real; the common ones (released, shared_fd) are
+    //! tested on H200 recordings (tests/tests/h200_replay.rs).
+
+    use super::*;
+    use crate::analysis::{
+        incident::{GpuImpact, Incident, Outcome, Sender, Target},
+        signals::Origin,
+    };
+
+    fn incident(dead: Option<u64>, back: Option<u64>, listed_before: bool) -> Incident {
+        Incident {
+            record_type: "incident",
+            id: 1,
+            signal: 9,
+            signal_name: "SIGKILL".into(),
+            origin: Origin::User,
+            si_code: 0,
+            sender: Sender {
+                pid: 1,
+                tid: 1,
+                comm: "bash".into(),
+                context_pid: None,
+            },
+            target: Target {
+                pid: 42,
+                comm: "python3".into(),
+                threads: 2,
+            },
+            t_signal_ns: 1_000,
+            repeats: 0,
+            deliveries: Vec::new(),
+            exits: Vec::new(),
+            t_group_dead_ns: dead,
+            exit: None,
+            t_zombie_ns: None,
+            t_reaped_ns: None,
+            reaper: None,
+            outcome: Outcome::Pending,
+            gpu: Some(GpuImpact {
+                bytes_ledger: 1 << 30,
+                ledger: Default::default(),
+                classes: Vec::new(),
+                bytes_nvml: Some(1 << 30),
+                nvml_used_before: listed_before.then_some(2 << 30),
+                t_memory_back_ns: back,
+                t_files_released_ns: dead,
+                files: Vec::new(),
+            }),
+            holders: Vec::new(),
+            phases: Vec::new(),
+            verdict: None,
+            collateral: Vec::new(),
+            teardown_stacks: Vec::new(),
+        }
+    }
+
+    fn cx<'a>(phases: &'a [PhaseTime], wakeups: &'a [(u64, u32, String)]) -> Context<'a> {
+        Context {
+            phases,
+            wakeups,
+            asleep: Vec::new(),
+            unknown_nvml_pids: Vec::new(),
+            slow_after_ns: 1_000_000_000,
+            now_ns: 40_000_000_000,
+        }
+    }
+
+    fn kind(inc: &Incident, cx: &Context) -> VerdictKind {
+        decide(inc, cx).expect("a verdict").kind
+    }
+
+    #[test]
+    fn a_thread_asleep_in_the_driver_is_stuck_and_one_that_never_took_the_signal_is_not_delivered()
+    {
+        let inc = incident(None, None, true);
+        let mut c = cx(&[], &[]);
+        assert_eq!(kind(&inc, &c), VerdictKind::NotDelivered);
+        c.asleep = vec![(43, 2_000, vec!["nv_kthread_q_flush[nvidia]".into()])];
+        assert_eq!(kind(&inc, &c), VerdictKind::StuckInDriver);
+    }
+
+    #[test]
+    fn memory_nvml_keeps_without_holders_is_unknown_or_unresolved() {
+        let inc = incident(Some(5_000), None, true);
+        let mut c = cx(&[], &[]);
+        assert_eq!(kind(&inc, &c), VerdictKind::UnknownHolder);
+        c.unknown_nvml_pids = vec![777];
+        assert_eq!(kind(&inc, &c), VerdictKind::PidUnresolved);
+    }
+
+    #[test]
+    fn teardown_speed_and_deferral() {
+        let quick = incident(Some(5_000), Some(130_000_000), true);
+        let slow = incident(Some(5_000), Some(3_000_000_000), true);
+        let phases = [PhaseTime {
+            name: Phase::UvmTeardown,
+            ns: 2_900_000_000,
+            gsp_ns: 0,
+        }];
+        assert_eq!(kind(&quick, &cx(&[], &[])), VerdictKind::Released);
+        let verdict = decide(&slow, &cx(&phases, &[])).expect("a verdict");
+        assert_eq!(verdict.kind, VerdictKind::SlowTeardown);
+        assert!(verdict.hint.contains("UVM teardown"), "{}", verdict.hint);
+        let woke = [(6_000, 99, "nv_queue".to_string())];
+        assert_eq!(kind(&quick, &cx(&[], &woke)), VerdictKind::DeferredClose);
+    }
+}

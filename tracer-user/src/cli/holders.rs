@@ -185,7 +185,8 @@ fn render(r: &Report) -> String {
         let unlisted: Vec<String> = r
             .holders
             .iter()
-            .filter(|h| h.nvml_bytes.is_none())
+            // Another linger holds nvidiactl for its own NVML reads, never GPU memory.
+            .filter(|h| h.nvml_bytes.is_none() && h.comm != "linger")
             .map(|h| format!("{}[{}]", h.comm, h.pid))
             .collect();
         let what = if u.state == "dead" {
