@@ -9,6 +9,8 @@ use tracer_common::{Header, Payload, Record};
 
 /// `bpf_ringbuf_submit` flag: do not notify the consumer.
 const BPF_RB_NO_WAKEUP: u64 = 1;
+/// `bpf_ringbuf_submit` flag: notify the consumer even if it has unread records.
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 /// Resized by user space before load (`--ring-size`).
 #[map]
@@ -58,7 +60,7 @@ pub fn emit_waking<T: Payload>(wake: bool, fill: impl FnOnce(&mut T)) {
     // is written, and `fill` writes every payload field after we zero it.
     unsafe {
         let rec = entry.as_mut_ptr();
-        core::ptr::write_bytes(rec, 0, 1);
+        zero(rec as *mut u64, core::mem::size_of::<Record<T>>() / 8);
         (*rec).header = Header {
             kind: T::KIND as u16,
             size: core::mem::size_of::<Record<T>>() as u16,
@@ -69,12 +71,30 @@ pub fn emit_waking<T: Payload>(wake: bool, fill: impl FnOnce(&mut T)) {
         };
         fill(&mut (*rec).payload);
     }
-    entry.submit(if wake { 0 } else { BPF_RB_NO_WAKEUP });
+    // The kernel's default wakes the reader only if it had read everything before this
+    // record; quiet records pending would then silence this one: force it.
+    entry.submit(if wake {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    });
 }
 
 fn count_drop() {
     if let Some(n) = DROPS.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU while we run.
         unsafe { *n += 1 };
+    }
+}
+
+/// Zeroes `words` u64s. `write_bytes` becomes a byte-at-a-time memset subprogram that older
+/// verifiers (6.1) walk byte by byte, once per record of a loop, past their 1M-instruction
+/// budget; volatile word stores stay a handful of instructions. Records are 8-byte multiples
+/// (the header holds a u64).
+#[inline(always)]
+unsafe fn zero(p: *mut u64, words: usize) {
+    for i in 0..words {
+        // SAFETY: the caller passes a reservation of at least `words` u64s.
+        unsafe { core::ptr::write_volatile(p.add(i), 0) };
     }
 }

@@ -160,7 +160,7 @@ pub fn trace(
         !args.no_nvml,
         args.recording.redact_cmdline,
     );
-    let fast_nvml = gpu.fast_switch();
+    let awaited = gpu.awaited();
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
@@ -173,9 +173,7 @@ pub fn trace(
             ready,
             |event| {
                 let flow = report.on_event(event);
-                if let Some(fast) = &fast_nvml {
-                    fast.store(report.awaiting_gpu_memory(), Ordering::Relaxed);
-                }
+                awaited.store(report.awaiting_gpu_memory(), Ordering::Relaxed);
                 flow
             },
         )

@@ -2,16 +2,13 @@
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    programs::PerfEvent,
     programs::{BtfTracePoint, TracePoint},
-    util::online_cpus,
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 use log::debug;
 
-use super::{devices::GpuDevices, offsets, strategy, tracefs, EBPF_OBJECT};
+use super::{devices::GpuDevices, offsets, sampling::Sampler, strategy, tracefs, EBPF_OBJECT};
 use crate::{
     error::{Error, Result},
     event::{DriverHooks, Strategy},
@@ -84,6 +81,8 @@ pub struct Probes {
     /// Owns the log map: the programs fail to load without it, so it lives as long as they do.
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
     strategy: Strategy,
+    /// Attached only while a GPU process dies.
+    sampler: Option<Sampler>,
 }
 
 impl Probes {
@@ -119,7 +118,9 @@ impl Probes {
             ebpf,
             logger,
             strategy: Strategy::default(),
+            sampler: None,
         };
+
         let exit_program = if has_group_dead {
             "task_exit_group_dead"
         } else {
@@ -163,7 +164,7 @@ impl Probes {
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
         probes.attach_btf("teardown_wakeup", "sched_wakeup", &btf)?;
         if config.sample_hz > 0 {
-            probes.attach_sampling(config.sample_hz)?;
+            probes.sampler = Some(Sampler::load(&mut probes.ebpf, config.sample_hz)?);
         }
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
@@ -322,31 +323,12 @@ impl Probes {
         }
     }
 
-    /// One perf cpu-clock sampler per online CPU for the on-CPU teardown stacks.
-    fn attach_sampling(&mut self, hz: u64) -> Result<()> {
-        let cpus = online_cpus().map_err(|(path, e)| Error::Load(format!("{path}: {e}")))?;
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut("teardown_oncpu")
-            .ok_or_else(|| Error::Load("teardown_oncpu missing from the object".into()))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| Error::Load(e.to_string()))?;
-        let fail = |e: aya::programs::ProgramError| Error::Attach {
-            program: "teardown_oncpu (perf_event cpu-clock)".into(),
-            reason: e.to_string(),
-        };
-        program.load().map_err(fail)?;
-        for cpu in cpus {
-            program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(hz),
-                    false,
-                )
-                .map_err(fail)?;
+    /// Samples on-CPU stacks on every CPU, or stops; see [`Sampler`].
+    pub fn set_sampling(&mut self, on: bool) -> Result<()> {
+        match &mut self.sampler {
+            Some(sampler) => sampler.set(&mut self.ebpf, on),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Takes the per-CPU drop counter out for the reader.

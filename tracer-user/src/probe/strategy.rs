@@ -198,11 +198,17 @@ fn nvidia_modules_loaded() -> bool {
         .unwrap_or(false)
 }
 
-/// Which of `names` /proc/kallsyms lists (as a function, in any module).
+/// Which of `names` /proc/kallsyms lists as functions (of the kernel or any module).
 fn kallsyms_present(names: &[&'static str]) -> Vec<&'static str> {
-    let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    functions_listed(
+        &fs::read_to_string("/proc/kallsyms").unwrap_or_default(),
+        names,
+    )
+}
+
+fn functions_listed(kallsyms: &str, names: &[&'static str]) -> Vec<&'static str> {
     let mut found = Vec::new();
-    for line in text.lines() {
+    for line in kallsyms.lines() {
         let mut fields = line.split_whitespace();
         let (Some(_), Some(kind), Some(sym)) = (fields.next(), fields.next(), fields.next()) else {
             continue;
@@ -216,4 +222,23 @@ fn kallsyms_present(names: &[&'static str]) -> Vec<&'static str> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listed_functions_count() {
+        // Lines as /proc/kallsyms prints them, module functions with their module.
+        let kallsyms = "ffffffff8a369b80 t __fput\n\
+                        ffffffffc0a010c0 T nvidia_close\t[nvidia]\n\
+                        ffffffffc0a01120 t nvidia_close_deferred\t[nvidia]\n\
+                        ffffffffc0a03000 d rm_cleanup_file_private\t[nvidia]\n";
+        let names = DRIVER_FUNCS.map(|f| f.symbol());
+        assert_eq!(
+            functions_listed(kallsyms, &names),
+            vec!["nvidia_close", "nvidia_close_deferred"]
+        );
+    }
 }

@@ -98,6 +98,10 @@ pub async fn run_tapped(
                 return Ok(source);
             }
         }
+        // Stack sampling costs every CPU an interrupt per sample: only while someone dies.
+        if let Some(gpu) = gpu.as_deref() {
+            source.set_sampling(gpu.is_awaited());
+        }
     }
     // Whatever arrived before the stop still counts.
     drain(&mut source, gpu, &mut batch, tap);

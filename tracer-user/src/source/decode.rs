@@ -253,4 +253,42 @@ mod tests {
         u[0] = 0xff;
         assert_eq!(decode(&u), Err(DecodeError::UnknownKind(0xff)));
     }
+
+    fn driver_call(func: u32, hook: u16) -> Vec<u8> {
+        let mut v = header(Kind::DriverCall, 40);
+        v.extend_from_slice(&func.to_le_bytes());
+        v.extend_from_slice(&tracer_common::CALL_EXIT.to_le_bytes());
+        v.extend_from_slice(&hook.to_le_bytes());
+        v.extend_from_slice(&0xffff_8880_0123_4500u64.to_le_bytes());
+        v.extend_from_slice(&(195u32 << 20).to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&(-25i64).to_le_bytes());
+        v.extend_from_slice(&1_500u64.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn driver_call_decodes_and_rejects_unknown_functions_and_hooks() {
+        let e = decode(&driver_call(2, tracer_common::HOOK_KPROBE)).expect("valid record");
+        assert_eq!(
+            e.data,
+            EventData::DriverCall {
+                func: crate::event::DriverFunc::NvidiaClose,
+                exit: true,
+                hook: HookKind::Kprobe,
+                file: 0xffff_8880_0123_4500,
+                dev: 195 << 20,
+                value: -25,
+                duration_ns: 1_500,
+            }
+        );
+        assert_eq!(
+            decode(&driver_call(99, tracer_common::HOOK_FENTRY)),
+            Err(DecodeError::BadField("DriverCall.func", 99))
+        );
+        assert_eq!(
+            decode(&driver_call(1, 7)),
+            Err(DecodeError::BadField("DriverCall.hook", 7))
+        );
+    }
 }

@@ -4,7 +4,10 @@
 
 use std::{
     collections::HashSet,
-    sync::{atomic::AtomicBool, Arc},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
 };
 
 use log::{info, warn};
@@ -24,6 +27,9 @@ pub struct GpuSources {
     /// Processes whose /proc facts are in the stream already.
     described: HashSet<u32>,
     stacks: Option<StackResolver>,
+    /// Set while an incident awaits GPU memory: NVML reads every millisecond and the stack
+    /// sampler runs.
+    awaited: Arc<AtomicBool>,
 }
 
 impl GpuSources {
@@ -73,10 +79,11 @@ impl GpuSources {
                 data,
             })
             .collect();
+        let awaited = Arc::new(AtomicBool::new(false));
         let nvml = nvml
             .then(|| {
                 let (tx, rx) = unbounded_channel();
-                match NvmlSampler::start(tx) {
+                match NvmlSampler::start(tx, Arc::clone(&awaited)) {
                     Ok(s) => {
                         info!("{}", s.description);
                         Some((s, rx))
@@ -94,6 +101,7 @@ impl GpuSources {
             redact_cmdline,
             described,
             stacks,
+            awaited,
         }
     }
 
@@ -110,10 +118,13 @@ impl GpuSources {
         }
     }
 
-    /// The switch for millisecond NVML sampling, while GPU memory is awaited; None without
-    /// NVML.
-    pub fn fast_switch(&self) -> Option<Arc<AtomicBool>> {
-        self.nvml.as_ref().map(|(s, _)| s.fast_switch())
+    /// The switch the analysis sets while GPU memory is awaited.
+    pub fn awaited(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.awaited)
+    }
+
+    pub fn is_awaited(&self) -> bool {
+        self.awaited.load(Ordering::Relaxed)
     }
 
     /// /proc facts about a process that just became (or was born) a GPU holder, read now

@@ -68,7 +68,18 @@ impl KernelSource {
         self.probes.flush_logs();
     }
 
+    /// Samples the stacks of dying GPU processes, or stops (see [`Probes::set_sampling`]).
+    pub fn set_sampling(&mut self, on: bool) {
+        if let Err(e) = self.probes.set_sampling(on) {
+            warn!(
+                "stack sampling could not be switched {}: {e}",
+                if on { "on" } else { "off" }
+            );
+        }
+    }
+
     /// See [`Probes::refresh_dying_hint`].
+
     pub fn refresh_dying_hint(&mut self) {
         self.probes.refresh_dying_hint();
     }

@@ -27,7 +27,6 @@ pub const FAST_PERIOD: Duration = Duration::from_millis(1);
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
-    fast: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
     /// Driver version and device names, for the trace header and doctor.
@@ -35,8 +34,9 @@ pub struct NvmlSampler {
 }
 
 impl NvmlSampler {
-    /// Starts sampling into `out`, or says why NVML is not available.
-    pub fn start(out: UnboundedSender<Event>) -> Result<Self, String> {
+    /// Starts sampling into `out`, every millisecond while `fast` is set, or says why NVML
+    /// is not available.
+    pub fn start(out: UnboundedSender<Event>, fast: Arc<AtomicBool>) -> Result<Self, String> {
         let nvml = Nvml::init().map_err(|e| {
             format!("NVML unavailable ({e}); GPU memory comes from kernel data only")
         })?;
@@ -45,24 +45,17 @@ impl NvmlSampler {
             .map_err(|e| format!("NVML device count: {e}"))?;
         let version = nvml.sys_driver_version().unwrap_or_default();
         let description = format!("NVML driver {version}, {count} device(s)");
-        let fast = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (f, s) = (Arc::clone(&fast), Arc::clone(&stop));
+        let s = Arc::clone(&stop);
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, &f, &s, &out))
+            .spawn(move || sample_loop(&nvml, count, &fast, &s, &out))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
-            fast,
             stop,
             thread: Some(thread),
             description,
         })
-    }
-
-    /// The switch for millisecond sampling: set while GPU memory is awaited.
-    pub fn fast_switch(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.fast)
     }
 }
 
