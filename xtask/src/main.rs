@@ -1,9 +1,10 @@
-//! Project tasks: `cargo xtask <setup|build|run|test|bench>`.
+//! Project tasks: `cargo xtask <setup|build|run|test|vm|bench>`.
 
 mod bench;
 mod build;
 mod setup;
 mod test;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +32,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Boot Debian's stock kernel under qemu and test the fentry and kprobe driver hooks there
+    /// (part of `test`).
+    Vm {
+        /// Check this saved console log (target/vm/console.log) instead of booting.
+        #[arg(long, value_name = "FILE")]
+        console: Option<std::path::PathBuf>,
+    },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
 }
@@ -41,6 +49,10 @@ fn main() -> anyhow::Result<()> {
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Test { args } => test::run(&args),
+        Command::Vm { console } => match console {
+            Some(path) => vm::check_saved(&path),
+            None => vm::run(),
+        },
         Command::Bench(args) => bench::run(args),
     }
 }

@@ -149,7 +149,7 @@ fn build_bpf_linker(llvm: &Path) -> Result<()> {
     .context("building bpf-linker failed")
 }
 
-fn which(program: &str) -> Option<PathBuf> {
+pub fn which(program: &str) -> Option<PathBuf> {
     env::split_paths(&env::var_os("PATH")?)
         .map(|d| d.join(program))
         .find(|p| p.is_file())

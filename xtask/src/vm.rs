@@ -1,0 +1,205 @@
+//! `cargo xtask vm`: the driver-hooks strategies tested on a stock kernel. This machine's kernel
+//! refuses fentry and has no kprobes, so Debian's 6.1 kernel boots under qemu (TCG; KVM hangs
+//! here) with a busybox initramfs holding the release `linger` and a stand-in NVIDIA driver
+//! module; `init.sh` runs doctor and one kill scenario per strategy and prints the results on
+//! the serial console, checked here.
+
+mod checks;
+mod image;
+mod standin;
+
+use std::{
+    env, fs,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build, setup};
+
+/// Packages the VM needs, from Debian's archive: installed when missing.
+const PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "linux-image-amd64",
+    "busybox-static",
+    "cpio",
+];
+
+/// The guest's whole run (boot, doctor, two scenarios) takes about 30 s under TCG on two busy
+/// cores; a hung guest is stopped here.
+const GUEST_LIMIT: Duration = Duration::from_secs(600);
+
+/// What marks the guest's result lines on the console.
+const MARK: &str = "LINGER-VM ";
+
+pub fn run() -> Result<()> {
+    if env::consts::ARCH != "x86_64" {
+        eprintln!(
+            "xtask vm: SKIPPED: the test VM boots Debian's amd64 kernel with \
+             qemu-system-x86_64, which cannot run on this {} host",
+            env::consts::ARCH
+        );
+        return Ok(());
+    }
+    ensure_packages()?;
+    let kernel = stock_kernel()?;
+    let linger = build::linger()?;
+    let dir = build::workspace_root().join("target/vm");
+    let module = standin::build(&dir, &kernel)?;
+    let initramfs = image::build(&dir, &linger, &module)?;
+    let started = Instant::now();
+    eprintln!("xtask vm: booting {} under qemu (TCG)", kernel.release);
+    let console = boot(&kernel.vmlinuz, &initramfs, &dir.join("console.log"))?;
+    eprintln!(
+        "xtask vm: guest ran {:.0} s (console: {})",
+        started.elapsed().as_secs_f64(),
+        dir.join("console.log").display()
+    );
+    checks::run(&console)
+}
+
+/// Runs the checks over a console log saved by an earlier run.
+pub fn check_saved(path: &Path) -> Result<()> {
+    let console =
+        fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    checks::run(&console)
+}
+
+pub struct Kernel {
+    pub vmlinuz: PathBuf,
+    /// `uname -r` of it, e.g. 6.1.0-57-amd64.
+    pub release: String,
+}
+
+/// The newest Debian stock kernel in /boot.
+fn stock_kernel() -> Result<Kernel> {
+    let mut found: Vec<(Vec<u64>, Kernel)> = fs::read_dir("/boot")
+        .context("reading /boot")?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let release = name.strip_prefix("vmlinuz-")?.to_string();
+            release.ends_with("-amd64").then(|| {
+                let version = release
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter_map(|n| n.parse().ok())
+                    .collect();
+                let vmlinuz = e.path();
+                (version, Kernel { vmlinuz, release })
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+        .pop()
+        .map(|(_, k)| k)
+        .context("no /boot/vmlinuz-*-amd64 although linux-image-amd64 is installed")
+}
+
+fn ensure_packages() -> Result<()> {
+    if stock_kernel().is_ok()
+        && ["qemu-system-x86_64", "busybox", "cpio"]
+            .iter()
+            .all(|p| setup::which(p).is_some())
+    {
+        return Ok(());
+    }
+    install(PACKAGES)
+}
+
+/// `apt-get install`, refreshing the package lists once if the first attempt fails.
+pub fn install(packages: &[&str]) -> Result<()> {
+    if setup::which("apt-get").is_none() {
+        bail!(
+            "the test VM needs {} from Debian's archive, and apt-get is not available here",
+            packages.join(" ")
+        );
+    }
+    eprintln!("xtask vm: installing {}", packages.join(" "));
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mut args = vec!["install", "-y", "--no-install-recommends"];
+    args.extend(packages);
+    if apt(&args) || (apt(&["update"]) && apt(&args)) {
+        Ok(())
+    } else {
+        bail!("apt-get install {} failed", packages.join(" "))
+    }
+}
+
+/// Boots the guest and returns its console output; the whole of it is also saved to `log`.
+fn boot(vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
+    let mut qemu = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "2"])
+        .args(["-nographic", "-no-reboot", "-kernel"])
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let stdout = qemu.stdout.take().context("qemu stdout")?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n').map_while(|l| l.ok()) {
+            if tx
+                .send(String::from_utf8_lossy(&line).trim_end().to_string())
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + GUEST_LIMIT;
+    let mut console = String::new();
+    let mut finished = false;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                // Progress, without the bulky JSON.
+                if let Some(at) = line.find(MARK) {
+                    let tag = line[at + MARK.len()..]
+                        .split(' ')
+                        .next()
+                        .unwrap_or_default();
+                    if !tag.ends_with("-out") && tag != "doctor" {
+                        eprintln!("  {}", &line[at..]);
+                    }
+                }
+                finished |= line.contains("LINGER-VM done");
+                console.push_str(&line);
+                console.push('\n');
+            }
+            // qemu exited (the guest powered off) or the deadline passed.
+            Err(_) => break,
+        }
+    }
+    let _ = qemu.kill();
+    let status = qemu.wait().context("waiting for qemu")?;
+    fs::write(log, &console).with_context(|| format!("writing {}", log.display()))?;
+    if !finished {
+        let mut stderr = String::new();
+        if let Some(mut e) = qemu.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+        }
+        bail!(
+            "the guest did not finish within {GUEST_LIMIT:?} (qemu: {status}; {}); console in {}",
+            stderr.trim(),
+            log.display()
+        );
+    }
+    Ok(console)
+}

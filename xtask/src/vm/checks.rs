@@ -1,0 +1,261 @@
+//! What the guest must have printed: doctor finds fentry and kprobes usable, and each forced
+//! strategy times `__fput` of the stand-in GPU file on the close path and on the exit path of
+//! the killed holder: entry after the close (or the kill), exit after the entry on the same
+//! thread, both naming the `struct file` its GpuFd records name.
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::MARK;
+
+mod driver;
+
+/// /tmp/gpu0, a node of /dev/full's number (char 1:7), in the kernel's dev_t encoding.
+const GPU0: u64 = 1 << 20 | 7;
+
+pub fn run(console: &str) -> Result<()> {
+    let guest = Guest::parse(console);
+    eprintln!("xtask vm: guest kernel {}", guest.one("kernel")?);
+    doctor(&guest)?;
+    for mode in ["fentry", "kprobe"] {
+        scenario(&guest, mode).with_context(|| format!("--driver-hooks {mode} in the VM"))?;
+    }
+    eprintln!("xtask vm: ok");
+    Ok(())
+}
+
+struct Guest<'a> {
+    lines: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Guest<'a> {
+    fn parse(console: &'a str) -> Self {
+        let lines = console
+            .lines()
+            .filter_map(|l| {
+                let rest = &l[l.find(MARK)? + MARK.len()..];
+                Some(rest.split_once(' ').unwrap_or((rest, "")))
+            })
+            .collect();
+        Self { lines }
+    }
+
+    fn all(&self, tag: &str) -> impl Iterator<Item = &'a str> + '_ {
+        let tag = tag.to_string();
+        self.lines
+            .iter()
+            .filter(move |(t, _)| *t == tag)
+            .map(|(_, text)| *text)
+    }
+
+    fn one(&self, tag: &str) -> Result<&'a str> {
+        self.all(tag)
+            .next()
+            .with_context(|| format!("the guest printed no '{tag}' line"))
+    }
+
+    /// The exit status the guest reported for `what`; its stderr when not 0.
+    fn succeeded(&self, what: &str) -> Result<()> {
+        let status = self.one(&format!("{what}-exit"))?;
+        if status != "0" {
+            let stderr: Vec<_> = self.all(&format!("{what}-err")).collect();
+            bail!("{what} exited with {status}: {}", stderr.join("\n"));
+        }
+        Ok(())
+    }
+
+    fn json(&self, tag: &str) -> Result<Vec<Value>> {
+        self.all(tag)
+            .map(|l| serde_json::from_str(l).with_context(|| format!("{tag}: not JSON: {l}")))
+            .collect()
+    }
+}
+
+fn doctor(guest: &Guest) -> Result<()> {
+    guest.succeeded("doctor")?;
+    let report = guest
+        .json("doctor")?
+        .into_iter()
+        .next()
+        .context("doctor printed nothing")?;
+    for hook in ["tracepoint", "tp_btf", "fentry", "kprobe"] {
+        let ok = report["hooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["name"] == hook && h["ok"] == true);
+        if !ok {
+            bail!("doctor on the stock kernel: {hook} not usable: {report}");
+        }
+    }
+    if report["driver_hooks"]["fput"] != "fentry" {
+        bail!("doctor on the stock kernel did not choose fentry: {report}");
+    }
+    eprintln!("xtask vm: doctor: {}", report["strategy"]);
+    Ok(())
+}
+
+fn scenario(guest: &Guest, mode: &str) -> Result<()> {
+    guest.succeeded(mode)?;
+    if let Some(bad) = guest
+        .all(&format!("{mode}-err"))
+        .find(|l| l.contains("undecodable"))
+    {
+        bail!("{bad}");
+    }
+    let holder: u64 = guest.one(&format!("{mode}-holder"))?.parse()?;
+    let out = guest.json(&format!("{mode}-out"))?;
+    let t = Trace {
+        events: out
+            .iter()
+            .filter(|l| l["type"] == "event")
+            .map(|l| &l["event"])
+            .collect(),
+        holder,
+        mode,
+    };
+    let strategy = &t.find("strategy", |e| e["data"]["kind"] == "strategy")?["data"];
+    if strategy["fput"] != mode || strategy["requested"] != mode {
+        bail!("the strategy event does not say {mode}: {strategy}");
+    }
+    t.find("group-dead exit of the holder", |e| {
+        e["pid"] == holder && e["data"]["kind"] == "task_exit" && e["data"]["group_dead"] == true
+    })?;
+    // /tmp/gpu0: closed as fd 3, held as fd 4 when killed.
+    let closed = t.fd("close", 3, GPU0)?;
+    let on_close = t.fput(closed, "close path of /tmp/gpu0")?;
+    let held = t.fd("held_at_exit", 4, GPU0)?;
+    let on_exit = t.fput_after(t.kill()?, held, "exit path of /tmp/gpu0")?;
+    eprintln!(
+        "xtask vm: {mode}: __fput of /tmp/gpu0 on close {} µs, after SIGKILL {} µs",
+        on_close / 1000,
+        on_exit / 1000
+    );
+    driver::check(&t, strategy)?;
+    replayed(guest, mode, &t)?;
+    let incident = out
+        .iter()
+        .find(|l| l["type"] == "incident" && l["target"]["pid"] == holder)
+        .with_context(|| format!("no incident for the holder {holder}"))?;
+    if incident["signal"] != 9 || incident["outcome"] != "exited" {
+        bail!("unexpected incident: {incident}");
+    }
+    Ok(())
+}
+
+/// The recording of the run replays to the same strategy and driver calls.
+fn replayed(guest: &Guest, mode: &str, live: &Trace) -> Result<()> {
+    let what = format!("{mode}-replay");
+    guest.succeeded(&what)?;
+    let out = guest.json(&format!("{what}-out"))?;
+    let ours = |events: &mut dyn Iterator<Item = &Value>| -> Vec<Value> {
+        events
+            .filter(|e| matches!(e["data"]["kind"].as_str(), Some("strategy" | "driver_call")))
+            .cloned()
+            .collect()
+    };
+    let replay = ours(
+        &mut out
+            .iter()
+            .filter(|l| l["type"] == "event")
+            .map(|l| &l["event"]),
+    );
+    if replay != ours(&mut live.events.iter().copied()) {
+        bail!("the replay's strategy and driver calls differ from live's");
+    }
+    Ok(())
+}
+
+/// The events of one scenario.
+pub struct Trace<'a> {
+    events: Vec<&'a Value>,
+    holder: u64,
+    /// The strategy forced: the hook kind of `__fput` records.
+    mode: &'a str,
+}
+
+impl<'a> Trace<'a> {
+    /// The first event that `pred` accepts.
+    pub fn find(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Result<&'a Value> {
+        self.events
+            .iter()
+            .copied()
+            .find(|e| pred(e))
+            .with_context(|| format!("no {what} event"))
+    }
+
+    pub fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    pub fn kill(&self) -> Result<&'a Value> {
+        self.find("SIGKILL of the holder", |e| {
+            e["data"]["kind"] == "signal_generate"
+                && e["data"]["sig"] == 9
+                && e["data"]["target_pid"] == self.holder
+        })
+    }
+
+    /// The holder's GpuFd record `op` of descriptor `fd` on device `dev`.
+    pub fn fd(&self, op: &str, fd: i64, dev: u64) -> Result<&'a Value> {
+        self.find(&format!("GpuFd {op} of fd {fd}"), |e| {
+            e["pid"] == self.holder
+                && e["data"]["kind"] == "gpu_fd"
+                && e["data"]["op"] == op
+                && e["data"]["fd"] == fd
+                && e["data"]["dev"] == dev
+        })
+    }
+
+    /// The first entry (or exit) of `func` on the file of `fd_event` at or after `after`, on
+    /// `tid` when given. `__fput` must come from the forced hook kind, the driver's functions
+    /// from kprobes. "First after": a freed file's address may come back for the next open.
+    pub fn call(
+        &self,
+        func: &str,
+        exit: bool,
+        fd_event: &Value,
+        after: &Value,
+        tid: Option<&Value>,
+    ) -> Result<&'a Value> {
+        let hook = if func == "fput" { self.mode } else { "kprobe" };
+        let kind = if exit { "exit" } else { "entry" };
+        self.find(&format!("{func} {kind} after {after}"), |e| {
+            let d = &e["data"];
+            d["kind"] == "driver_call"
+                && d["func"] == func
+                && d["exit"] == exit
+                && d["hook"] == hook
+                && d["file"] == fd_event["data"]["file"]
+                && tid.is_none_or(|t| e["tid"] == *t)
+                && e["ts_ns"].as_u64() >= after["ts_ns"].as_u64()
+        })
+    }
+
+    /// `__fput` of the file of a close record, on the closing thread; its duration.
+    fn fput(&self, closed: &Value, path: &str) -> Result<u64> {
+        self.fput_after(closed, closed, path)
+    }
+
+    fn fput_after(&self, after: &Value, fd_event: &Value, path: &str) -> Result<u64> {
+        let entry = self.call("fput", false, fd_event, after, Some(&fd_event["tid"]))?;
+        let exit = self.call("fput", true, fd_event, entry, Some(&entry["tid"]))?;
+        duration(entry, exit).with_context(|| format!("__fput on the {path}"))
+    }
+}
+
+/// The exit's own duration, which must match the two records' times: both are clock readings a
+/// few instructions from the record's header.
+pub fn duration(entry: &Value, exit: &Value) -> Result<u64> {
+    let ts = |e: &Value| e["ts_ns"].as_u64().context("event without ts_ns");
+    let between = ts(exit)? - ts(entry)?;
+    let duration = exit["data"]["duration_ns"]
+        .as_u64()
+        .context("exit without duration_ns")?;
+    if duration == 0 || duration.abs_diff(between) > 1_000_000 {
+        bail!(
+            "exit duration {duration} ns, but {between} ns between entry {entry} and exit {exit}"
+        );
+    }
+    Ok(duration)
+}

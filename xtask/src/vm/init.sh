@@ -1,0 +1,75 @@
+#!/bin/busybox sh
+# PID 1 of the driver-hooks test VM (`cargo xtask vm`). Results go to the serial console as
+# "LINGER-VM <tag> <text>" lines, which the host parses; everything else is boot noise.
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+
+say() { echo "LINGER-VM $*"; }
+# Each line of a file, tagged.
+tagged() { sed "s/^/LINGER-VM $1 /" "$2"; }
+# Waits up to $3 tenths of a second for file $1 to contain $2.
+await() {
+    i=0
+    until grep -q "$2" "$1" 2>/dev/null; do
+        [ $i -ge "$3" ] && return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+}
+
+say kernel "$(uname -r)"
+# Stand-in GPU files: /dev/full's device number, declared one with --gpu-device; and the
+# stand-in driver's devices (GPU files by their majors, as the real driver's are).
+mknod /tmp/gpu0 c 1 7
+insmod /standin.ko delay_ms=200
+say insmod-exit $?
+mknod /tmp/nvidia0 c 195 0
+mknod /tmp/nvidia1 c 195 1
+mknod /tmp/nvidia-uvm c "$(sed -n 's/^ *\([0-9]*\) nvidia-uvm$/\1/p' /proc/devices)" 0
+
+/linger doctor --json > /tmp/doctor.json 2> /tmp/doctor.err
+say doctor-exit $?
+tagged doctor /tmp/doctor.json
+tagged doctor-err /tmp/doctor.err
+
+# One scenario per driver-hook strategy. The holder opens and closes /tmp/gpu0 (the close
+# path); runs an ioctl on nvidia0 (stty's TCGETS); closes nvidia0 (the RM cleanup sleeps) and
+# nvidia1 (the driver defers it to a worker); and is SIGKILLed holding gpu0 and nvidia-uvm
+# (the exit path, where the UVM release sleeps).
+deferred=0
+for mode in fentry kprobe; do
+    rm -f /tmp/live.* /tmp/held
+    /linger live --json --events --no-nvml --driver-hooks $mode --gpu-device /tmp/gpu0 \
+        --count 1 --duration 120s --record /tmp/live.trace > /tmp/live.out 2> /tmp/live.err &
+    live=$!
+    if await /tmp/live.err "linger: tracing" 1200; then
+        sh -c 'exec 3<>/tmp/gpu0; exec 3>&-; exec 4<>/tmp/gpu0
+               stty -F /tmp/nvidia0 2>/dev/null
+               exec 5<>/tmp/nvidia0 6<>/tmp/nvidia1 7<>/tmp/nvidia-uvm
+               exec 5>&- 6>&-
+               echo held > /tmp/held; exec sleep 600' &
+        holder=$!
+        await /tmp/held held 300
+        deferred=$((deferred + 1))
+        await /sys/module/nvidia/parameters/deferred_closes "^$deferred$" 300
+        say $mode-holder $holder
+        kill -9 $holder
+        wait $holder
+    fi
+    wait $live
+    say $mode-exit $?
+    tagged $mode-out /tmp/live.out
+    tagged $mode-err /tmp/live.err
+    /linger replay /tmp/live.trace --json --events > /tmp/replay.out 2> /tmp/replay.err
+    say $mode-replay-exit $?
+    tagged $mode-replay-out /tmp/replay.out
+    tagged $mode-replay-err /tmp/replay.err
+done
+say done
+poweroff -f

@@ -1,0 +1,40 @@
+//! The stand-in NVIDIA driver module (standin/nvidia.c), built against the guest kernel's
+//! headers: it gives the driver-function kprobes real functions to attach to and a slow,
+//! sometimes deferred, close to time.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{install, Kernel};
+
+pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
+    let headers = PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release));
+    if !headers.join("Makefile").exists() {
+        install(&[&format!("linux-headers-{}", kernel.release)])?;
+    }
+    let src = dir.join("standin");
+    fs::create_dir_all(&src)?;
+    fs::write(src.join("nvidia.c"), include_str!("standin/nvidia.c"))?;
+    fs::write(src.join("Kbuild"), include_str!("standin/Kbuild"))?;
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&headers)
+        .arg(format!("M={}", src.display()))
+        .arg("modules")
+        .output()
+        .context("running make for the stand-in module (needs make and gcc)")?;
+    if !out.status.success() {
+        bail!(
+            "building the stand-in module against {} failed:\n{}{}",
+            headers.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(src.join("nvidia.ko"))
+}

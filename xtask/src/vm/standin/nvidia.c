@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A stand-in for the NVIDIA driver's release path, for linger's VM test (`cargo xtask vm`):
+ * char major 195 as "nvidia" and a dynamic major as "nvidia-uvm", with the real driver's
+ * function names so linger's kprobes attach by name. The RM cleanup and the UVM release sleep
+ * `delay_ms` (a slow teardown); closes of minor 1 are handed to a worker through
+ * nvidia_close_deferred, as the real driver does when it cannot take its locks at close.
+ */
+#include <linux/delay.h>
+#include <linux/fs.h>
+#include <linux/module.h>
+#include <linux/slab.h>
+#include <linux/workqueue.h>
+
+/* No inlining, cloning or renaming: kprobes find these by their real names. */
+#define STANDIN noinline __attribute__((__noipa__))
+
+static unsigned int delay_ms = 200;
+module_param(delay_ms, uint, 0444);
+/* Deferred closes finished, for the test to wait on. */
+static int deferred_closes;
+module_param(deferred_closes, int, 0444);
+
+static int uvm_major;
+static struct workqueue_struct *nv_queue;
+
+/* The driver's per-open state (nv_linux_file_private_t). */
+struct standin_file {
+	struct work_struct deferred_close;
+};
+
+STANDIN void rm_cleanup_file_private(void *sp, void *nv, void *nvfp)
+{
+	msleep(delay_ms);
+}
+
+STANDIN void nvidia_close_deferred(void *data)
+{
+	rm_cleanup_file_private(NULL, NULL, data);
+	kfree(data);
+	WRITE_ONCE(deferred_closes, deferred_closes + 1);
+}
+
+static void deferred_close_work(struct work_struct *work)
+{
+	nvidia_close_deferred(container_of(work, struct standin_file, deferred_close));
+}
+
+STANDIN int nvidia_open(struct inode *inode, struct file *file)
+{
+	struct standin_file *nvlfp = kzalloc(sizeof(*nvlfp), GFP_KERNEL);
+
+	if (!nvlfp)
+		return -ENOMEM;
+	INIT_WORK(&nvlfp->deferred_close, deferred_close_work);
+	file->private_data = nvlfp;
+	return 0;
+}
+
+STANDIN int nvidia_close(struct inode *inode, struct file *file)
+{
+	struct standin_file *nvlfp = file->private_data;
+
+	file->private_data = NULL;
+	if (iminor(inode) == 1) {
+		queue_work(nv_queue, &nvlfp->deferred_close);
+		return 0;
+	}
+	rm_cleanup_file_private(NULL, NULL, nvlfp);
+	kfree(nvlfp);
+	return 0;
+}
+
+STANDIN long nvidia_unlocked_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	return -ENOTTY;
+}
+
+STANDIN int uvm_release_entry(struct inode *inode, struct file *file)
+{
+	msleep(delay_ms);
+	return 0;
+}
+
+static int uvm_open(struct inode *inode, struct file *file)
+{
+	return 0;
+}
+
+static const struct file_operations nvidia_fops = {
+	.owner = THIS_MODULE,
+	.open = nvidia_open,
+	.release = nvidia_close,
+	.unlocked_ioctl = nvidia_unlocked_ioctl,
+};
+
+static const struct file_operations uvm_fops = {
+	.owner = THIS_MODULE,
+	.open = uvm_open,
+	.release = uvm_release_entry,
+};
+
+static int __init standin_init(void)
+{
+	int err;
+
+	nv_queue = alloc_workqueue("nv_queue", 0, 1);
+	if (!nv_queue)
+		return -ENOMEM;
+	err = register_chrdev(195, "nvidia", &nvidia_fops);
+	if (err)
+		goto fail_queue;
+	uvm_major = register_chrdev(0, "nvidia-uvm", &uvm_fops);
+	if (uvm_major < 0) {
+		err = uvm_major;
+		goto fail_nvidia;
+	}
+	return 0;
+fail_nvidia:
+	unregister_chrdev(195, "nvidia");
+fail_queue:
+	destroy_workqueue(nv_queue);
+	return err;
+}
+
+static void __exit standin_exit(void)
+{
+	unregister_chrdev(uvm_major, "nvidia-uvm");
+	unregister_chrdev(195, "nvidia");
+	destroy_workqueue(nv_queue);
+}
+
+module_init(standin_init);
+module_exit(standin_exit);
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("Stand-in for the NVIDIA driver's release path (linger VM test)");
