@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     macros::{fentry, fexit, kprobe, kretprobe, map},
-    maps::{HashMap, LruHashMap},
+    maps::LruHashMap,
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
 };
 use tracer_common::{DriverCall, DriverFunc, CALL_ENTRY, CALL_EXIT, HOOK_FENTRY, HOOK_KPROBE};
@@ -24,9 +24,10 @@ struct Pending {
 }
 
 /// Calls under way, by thread and function: a return probe sees no arguments, and a call
-/// without a file argument takes the file of the close it runs in.
+/// without a file argument takes the file of the close it runs in. LRU: an entry whose return
+/// was missed (kretprobe instances exhausted) ages out instead of filling the map.
 #[map]
-static PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(8192, 0);
+static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(8192, 0);
 
 /// The driver's per-open state (`file->private_data`) to its file, for a close the driver
 /// defers to its kthread: `nvidia_close_deferred` is given only that state.
