@@ -11,7 +11,7 @@ use super::{
     },
     ledger::Ledger,
     signals::{self, Origin, SIGCHLD, SIGKILL},
-    teardown::TeardownLog,
+    teardown::{DriverSpan, TeardownLog},
     verdict,
 };
 use crate::event::{Event, EventData, NvmlGpu};
@@ -175,6 +175,39 @@ impl Correlator {
                 }
             }
             EventData::Nvml { gpus } => self.nvml_sample(e.ts_ns, gpus),
+            EventData::DriverCall {
+                func,
+                exit: true,
+                file,
+                duration_ns,
+                ..
+            } if *duration_ns > 0 => {
+                // The dying process's own thread, or a driver worker closing one of its files.
+                let owner = if self.teardown.contains_key(&e.pid) || self.open.contains_key(&e.pid)
+                {
+                    Some(e.pid)
+                } else {
+                    self.open
+                        .values()
+                        .find(|inc| {
+                            inc.gpu
+                                .as_ref()
+                                .is_some_and(|g| g.files.iter().any(|h| h.file == *file))
+                        })
+                        .map(|inc| inc.target.pid)
+                };
+                if let Some(owner) = owner {
+                    self.teardown
+                        .entry(owner)
+                        .or_default()
+                        .calls
+                        .push(DriverSpan {
+                            func: *func,
+                            start_ns: e.ts_ns.saturating_sub(*duration_ns),
+                            end_ns: e.ts_ns,
+                        });
+                }
+            }
             EventData::Stack { id, frames } => {
                 self.stacks.insert(*id, frames.clone());
             }
@@ -292,6 +325,7 @@ impl Correlator {
             gpu,
             holders: Vec::new(),
             phases: Vec::new(),
+            release: None,
             verdict: None,
             collateral: Vec::new(),
             teardown_stacks: Vec::new(),
@@ -505,6 +539,10 @@ impl Correlator {
             .or(inc.t_zombie_ns)
             .unwrap_or(self.now_ns);
         inc.phases = log.phases(&self.stacks, from, end);
+        inc.release = log.driver_release(from, end);
+        if inc.phases.is_empty() {
+            inc.phases = log.hooked_phases(from, end);
+        }
         inc.teardown_stacks = log
             .weighted_stacks(from, end)
             .into_iter()

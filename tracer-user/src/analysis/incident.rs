@@ -7,7 +7,7 @@ use super::{
     holders::{HeldFile, Holder},
     ledger::{Bytes, ClassTotal, FailedAlloc},
     signals::Origin,
-    teardown::PhaseTime,
+    teardown::{DriverRelease, PhaseTime},
     verdict::Verdict,
 };
 
@@ -46,6 +46,9 @@ pub struct Incident {
     /// Where the time from the group's death to the memory's return went (from kernel
     /// stacks, or the driver hooks where the kernel allows them), largest first.
     pub phases: Vec<PhaseTime>,
+    /// The driver's release timed exactly by fentry/kprobe hooks, where the kernel allows
+    /// them (`phases` then come from these calls when no stacks were sampled).
+    pub release: Option<DriverRelease>,
     /// Why the memory lingered, or that it did not.
     pub verdict: Option<Verdict>,
     /// Allocations of other processes the driver refused while this one's memory was held.

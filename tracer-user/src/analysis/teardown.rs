@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::event::SampleKind;
+use crate::event::{DriverFunc, SampleKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -75,12 +75,40 @@ struct Sample {
     blocked_ns: u64,
 }
 
+/// One driver release call timed by the driver hooks (fentry/kprobe), on the dying process's
+/// thread or a driver worker doing its deferred close.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverSpan {
+    pub func: DriverFunc,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// The driver's release of a dying process's GPU files as the hooks saw it: exact start and
+/// end, and each function's time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DriverRelease {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// `{function, ns, calls}` per hooked function (nested ones overlap their callers).
+    pub functions: Vec<FunctionTime>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FunctionTime {
+    pub function: &'static str,
+    pub ns: u64,
+    pub calls: u32,
+}
+
 /// The samples of one dying process.
 #[derive(Clone, Debug, Default)]
 pub struct TeardownLog {
     samples: Vec<Sample>,
     /// Driver kthreads it woke: (when, tid, comm).
     pub wakeups: Vec<(u64, u32, String)>,
+    /// Release calls timed by the driver hooks.
+    pub calls: Vec<DriverSpan>,
 }
 
 impl TeardownLog {
@@ -139,6 +167,79 @@ impl TeardownLog {
         let mut v: Vec<PhaseTime> = by
             .into_iter()
             .map(|(name, (ns, gsp_ns))| PhaseTime { name, ns, gsp_ns })
+            .collect();
+        v.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.name.cmp(&b.name)));
+        v
+    }
+
+    /// The hooked release within `[from, to]`, if the hooks saw one.
+    pub fn driver_release(&self, from: u64, to: u64) -> Option<DriverRelease> {
+        let calls: Vec<&DriverSpan> = self
+            .calls
+            .iter()
+            .filter(|c| c.end_ns >= from && c.start_ns <= to)
+            .collect();
+        let start_ns = calls.iter().map(|c| c.start_ns).min()?;
+        let end_ns = calls.iter().map(|c| c.end_ns).max()?;
+        let mut by: Vec<FunctionTime> = Vec::new();
+        for c in calls {
+            let function = c.func.symbol();
+            match by.iter_mut().find(|f| f.function == function) {
+                Some(f) => {
+                    f.ns += c.end_ns - c.start_ns;
+                    f.calls += 1;
+                }
+                None => by.push(FunctionTime {
+                    function,
+                    ns: c.end_ns - c.start_ns,
+                    calls: 1,
+                }),
+            }
+        }
+        by.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.function.cmp(b.function)));
+        Some(DriverRelease {
+            start_ns,
+            end_ns,
+            functions: by,
+        })
+    }
+
+    /// Phases from the hooked calls alone, for when no stacks were sampled: UVM release,
+    /// RM client teardown (nvidia_close, deferred or not), and the rest of `__fput`.
+    pub fn hooked_phases(&self, from: u64, to: u64) -> Vec<PhaseTime> {
+        let mut by: HashMap<Phase, u64> = HashMap::new();
+        let mut fput = 0;
+        let mut inside = 0;
+        for c in self
+            .calls
+            .iter()
+            .filter(|c| c.end_ns >= from && c.start_ns <= to)
+        {
+            let ns = c.end_ns.min(to).saturating_sub(c.start_ns.max(from));
+            match c.func {
+                DriverFunc::UvmReleaseEntry => *by.entry(Phase::UvmTeardown).or_default() += ns,
+                DriverFunc::NvidiaClose | DriverFunc::NvidiaCloseDeferred => {
+                    *by.entry(Phase::RmClient).or_default() += ns
+                }
+                DriverFunc::Fput => fput += ns,
+                DriverFunc::RmCleanupFilePrivate | DriverFunc::NvidiaUnlockedIoctl => continue,
+            }
+            if c.func != DriverFunc::Fput {
+                inside += ns;
+            }
+        }
+        // __fput time outside the driver's own functions.
+        if fput > inside {
+            by.insert(Phase::Other, fput - inside);
+        }
+        let mut v: Vec<PhaseTime> = by
+            .into_iter()
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(name, ns)| PhaseTime {
+                name,
+                ns,
+                gsp_ns: 0,
+            })
             .collect();
         v.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.name.cmp(&b.name)));
         v

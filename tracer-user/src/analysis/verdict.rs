@@ -266,6 +266,7 @@ mod tests {
             }),
             holders: Vec::new(),
             phases: Vec::new(),
+            release: None,
             verdict: None,
             collateral: Vec::new(),
             teardown_stacks: Vec::new(),

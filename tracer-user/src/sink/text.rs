@@ -88,6 +88,21 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
         render_gpu(&mut s, inc, gpu, anchor);
     }
     render_phases(&mut s, inc);
+    if let Some(r) = &inc.release {
+        let calls: Vec<String> = r
+            .functions
+            .iter()
+            .map(|f| format!("{} {}", f.function, ms(f.ns as f64 / 1e6)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "{INDENT}driver release +{} → +{}: {}",
+            ms(inc.ms_after_signal(r.start_ns)),
+            ms(inc.ms_after_signal(r.end_ns)),
+            calls.join(" · ")
+        );
+    }
+
     if let Some(v) = &inc.verdict {
         let kind = serde_json::to_value(v.kind)
             .ok()
