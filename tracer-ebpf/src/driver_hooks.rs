@@ -11,7 +11,7 @@ use aya_ebpf::{
 use tracer_common::{DriverCall, DriverFunc, CALL_ENTRY, CALL_EXIT, HOOK_FENTRY, HOOK_KPROBE};
 
 use crate::{
-    emit::{current_ids, emit, now_ns},
+    emit::{current_ids, emit_at, now_ns},
     files::is_gpu_dev,
     task::{file_dev, file_private_data},
 };
@@ -50,7 +50,7 @@ fn entry(func: DriverFunc, hook: u16, file: u64, dev: u32, value: i64) {
         dev,
     };
     let _ = PENDING.insert(key(current_ids().1, func), call, 0);
-    emit::<DriverCall>(|e| {
+    emit_at::<DriverCall>(call.ts, |e| {
         e.func = func as u32;
         e.phase = CALL_ENTRY;
         e.hook = hook;
@@ -71,7 +71,7 @@ fn exit(func: DriverFunc, hook: u16, value: i64, any_file: bool) {
         return;
     }
     let now = now_ns();
-    emit::<DriverCall>(|e| {
+    emit_at::<DriverCall>(now, |e| {
         e.func = func as u32;
         e.phase = CALL_EXIT;
         e.hook = hook;

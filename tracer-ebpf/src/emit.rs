@@ -51,6 +51,18 @@ pub fn emit<T: Payload>(fill: impl FnOnce(&mut T)) {
 /// [`emit`], choosing whether to wake the collector.
 #[inline(always)]
 pub fn emit_waking<T: Payload>(wake: bool, fill: impl FnOnce(&mut T)) {
+    emit_full::<T>(wake, None, fill)
+}
+
+/// [`emit`] stamped `ts_ns`: a call's entry and exit records carry exactly the times its
+/// duration is computed from.
+#[inline(always)]
+pub fn emit_at<T: Payload>(ts_ns: u64, fill: impl FnOnce(&mut T)) {
+    emit_full::<T>(T::WAKE, Some(ts_ns), fill)
+}
+
+#[inline(always)]
+fn emit_full<T: Payload>(wake: bool, ts_ns: Option<u64>, fill: impl FnOnce(&mut T)) {
     let Some(mut entry) = EVENTS.reserve::<Record<T>>(0) else {
         count_drop();
         return;
@@ -65,7 +77,7 @@ pub fn emit_waking<T: Payload>(wake: bool, fill: impl FnOnce(&mut T)) {
             kind: T::KIND as u16,
             size: core::mem::size_of::<Record<T>>() as u16,
             cpu: bpf_get_smp_processor_id(),
-            ts_ns: now_ns(),
+            ts_ns: ts_ns.unwrap_or_else(now_ns),
             pid,
             tid,
         };

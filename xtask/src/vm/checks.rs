@@ -140,6 +140,25 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
     if incident["signal"] != 9 || incident["outcome"] != "exited" {
         bail!("unexpected incident: {incident}");
     }
+    // The analysis times the release from the hooks: exact start and end, UVM's share.
+    let release = &incident["release"];
+    let (start, end) = (release["start_ns"].as_u64(), release["end_ns"].as_u64());
+    let uvm = release["functions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["function"] == "uvm_release_entry")
+        .and_then(|f| f["ns"].as_u64());
+    match (start, end, uvm) {
+        (Some(s), Some(e), Some(u)) if e > s && u >= 200_000_000 && u <= e - s => {}
+        _ => bail!("{mode}: the incident's hooked release is wrong: {release}"),
+    }
+    if incident["phases"][0]["name"] != "uvm_teardown" {
+        bail!(
+            "{mode}: the slow UVM release should dominate the phases: {}",
+            incident["phases"]
+        );
+    }
     Ok(())
 }
 
