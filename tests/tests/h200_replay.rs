@@ -137,9 +137,17 @@ fn records(trace: &Path, kind: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Recordings with teardown stacks: the first ones, and those of the final build.
+const WITH_STACKS: [&str; 2] = ["issue4", "final"];
+
 #[test]
 fn plain_kill_is_released_and_its_phases_cover_the_teardown() {
-    let dir = data("issue4");
+    for run in WITH_STACKS {
+        plain_kill_is_released(&data(run));
+    }
+}
+
+fn plain_kill_is_released(dir: &Path) {
     let incidents = records(&dir.join("plain-kill-16g.trace"), "incident");
     assert_eq!(incidents.len(), 1);
     let inc = &incidents[0];
@@ -148,7 +156,7 @@ fn plain_kill_is_released_and_its_phases_cover_the_teardown() {
     let back = inc["gpu"]["t_memory_back_ns"]
         .as_u64()
         .expect("memory back");
-    let poll = poll_back_ns(&dir, &inc["target"]["pid"]);
+    let poll = poll_back_ns(dir, &inc["target"]["pid"]);
     assert!(
         back.abs_diff(poll) < 5_000_000,
         "linger {back}, poll {poll}"
@@ -173,7 +181,12 @@ fn plain_kill_is_released_and_its_phases_cover_the_teardown() {
 
 #[test]
 fn forked_holder_is_named_and_the_release_is_reported_when_it_dies() {
-    let dir = data("issue4");
+    for run in WITH_STACKS {
+        forked_holder_is_named(&data(run));
+    }
+}
+
+fn forked_holder_is_named(dir: &Path) {
     let trace = dir.join("forked-holder-4g.trace");
     let first = records(&trace, "incident");
     let parent = first
@@ -196,7 +209,7 @@ fn forked_holder_is_named_and_the_release_is_reported_when_it_dies() {
     let back = update["gpu"]["t_memory_back_ns"]
         .as_u64()
         .expect("memory back");
-    let poll = poll_back_ns(&dir, &holders[0]["pid"]);
+    let poll = poll_back_ns(dir, &holders[0]["pid"]);
     assert!(
         back.abs_diff(poll) < 5_000_000,
         "linger {back}, poll {poll}"
