@@ -79,7 +79,6 @@ impl KernelSource {
     }
 
     /// See [`Probes::refresh_dying_hint`].
-
     pub fn refresh_dying_hint(&mut self) {
         self.probes.refresh_dying_hint();
     }
