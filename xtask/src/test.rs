@@ -1,28 +1,77 @@
 //! `cargo xtask test`: every test, against a freshly built linger, then the driver hooks on a
-//! stock kernel in a VM.
+//! stock kernel in a VM; ends with one `tests: N passed, M failed` line for the whole run.
 
-use anyhow::{Context, Result};
+use std::{
+    io::{BufRead, BufReader},
+    process::Stdio,
+};
 
-use crate::{build, setup, vm};
+use anyhow::{bail, Context, Result};
+
+use crate::{build, vm};
 
 pub fn run(args: &[String]) -> Result<()> {
     let bin = build::linger()?;
-    let tests = setup::status(
-        build::cargo()?
-            .args(["test", "--release", "--workspace"])
-            .args(args)
-            .env("LINGER_BIN", bin),
-    );
+    let mut cargo = build::cargo()?;
+    cargo
+        .args(["test", "--release", "--workspace"])
+        .args(args)
+        .env("LINGER_BIN", bin);
+    let counts = cargo_test(&mut cargo);
     // A filtered run (`cargo xtask test NAME`) is for iterating on cargo tests only.
     if !args.is_empty() {
         eprintln!("xtask test: the VM test does not run with a filter (cargo xtask vm runs it)");
-        return tests;
+        let (passed, failed) = counts?;
+        return summary(passed, failed);
     }
     // The VM runs even when a cargo test failed: both results are wanted.
     let vm = vm::run().context("the VM test (cargo xtask vm) failed");
-    if let (Err(_), Err(e)) = (&tests, &vm) {
+    if let Err(e) = &vm {
         eprintln!("xtask test: {e:#}");
     }
-    tests?;
-    vm
+    let (passed, failed) = counts?;
+    let vm_failed = vm.is_err() as u64;
+    summary(passed + 1 - vm_failed, failed + vm_failed)
+}
+
+/// Runs cargo test, passing its output through, and adds up its `test result:` lines.
+fn cargo_test(cmd: &mut std::process::Command) -> Result<(u64, u64)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let stdout = child.stdout.take().context("cargo test's output")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(result) = line.strip_prefix("test result: ") {
+            passed += count(result, " passed");
+            failed += count(result, " failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && failed == 0 {
+        // Failed before running tests (a build error): say so rather than count nothing.
+        bail!("cargo test exited with {status}");
+    }
+    Ok((passed, failed))
+}
+
+/// The number before `what` in `ok. 7 passed; 0 failed; ...`.
+fn count(result: &str, what: &str) -> u64 {
+    result
+        .split(';')
+        .find(|part| part.ends_with(what))
+        .and_then(|part| part.trim_end_matches(what).split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn summary(passed: u64, failed: u64) -> Result<()> {
+    println!("tests: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} test(s) failed");
+    }
+    Ok(())
 }
