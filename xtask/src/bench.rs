@@ -4,8 +4,14 @@
 //! Every figure comes from runs made side by side in this one invocation: the machine is
 //! shared and noisy, so only ratios and rates measured close together mean anything.
 
+mod ioctl;
 mod report;
+mod ring;
+mod rounds;
+mod sampling;
 mod stats;
+mod storms;
+mod trace;
 
 use std::{
     fs,
@@ -32,11 +38,12 @@ pub struct Args {
     strict: bool,
 }
 
-/// What to run: sized so that the whole benchmark takes about a minute and a half.
+/// What to run: sized so that the whole benchmark takes about three and a half minutes here,
+/// most of it starting `linger live` (about 1.4 s each) for the traced runs.
 pub struct Plan {
     pub storm: Vec<(&'static str, u32)>,
     pub storm_threads: u32,
-    pub storm_pairs: u32,
+    pub storm_rounds: u32,
     /// Niceness of every benchmark process (and of the `linger live` the storm starts), ahead
     /// of unrelated work on a shared machine.
     pub nice: i32,
@@ -46,20 +53,35 @@ pub struct Plan {
     pub ring_rounds: u32,
     pub syscall_rounds: u32,
     pub decode_rounds: u32,
+    /// ioctl() calls per part of a run, on a pipe and on the stand-in GPU device.
+    pub ioctls: u32,
+    pub gpu_ioctls: u32,
+    pub ioctl_rounds: u32,
+    /// `spin` iterations (1000 arithmetic steps each) per run.
+    pub spin: u32,
+    pub idle_rounds: u32,
+    pub dying_kills: u32,
+    pub dying_threads: u32,
+    pub dying_rounds: u32,
+    pub trace_events: u64,
+    pub trace_rounds: u32,
+    pub replay_ioctls: u32,
+    pub replay_kills: u32,
+    pub replay_rounds: u32,
 }
 
 impl Plan {
     fn full() -> Self {
         Self {
             // Iterations per run: each run lasts roughly 0.3 s on an idle machine here. Short runs
-            // keep the two runs of a pair close together in time.
+            // keep the runs of a round close together in time.
             storm: vec![
                 ("kill-threads", 1000),
                 ("kill-exec", 3000),
                 ("spawn-true", 1000),
             ],
             storm_threads: 4,
-            storm_pairs: 12,
+            storm_rounds: 10,
             nice: -19,
             ring_sizes: vec![1 << 16, 1 << 18, 1 << 20, DEFAULT_RING],
             rates: "0.5,1,2,max,max@2",
@@ -67,6 +89,19 @@ impl Plan {
             ring_rounds: 3,
             syscall_rounds: 4,
             decode_rounds: 5,
+            ioctls: 1_000_000,
+            gpu_ioctls: 500_000,
+            ioctl_rounds: 8,
+            spin: 100_000,
+            idle_rounds: 6,
+            dying_kills: 10,
+            dying_threads: 64,
+            dying_rounds: 6,
+            trace_events: 2_000_000,
+            trace_rounds: 3,
+            replay_ioctls: 2_000_000,
+            replay_kills: 20,
+            replay_rounds: 3,
         }
     }
 
@@ -77,13 +112,25 @@ impl Plan {
                 ("kill-exec", 600),
                 ("spawn-true", 200),
             ],
-            storm_pairs: 2,
+            storm_rounds: 2,
             ring_sizes: vec![1 << 18, DEFAULT_RING],
             rates: "1,2,max",
             ring_seconds: 0.2,
             ring_rounds: 1,
             syscall_rounds: 2,
             decode_rounds: 2,
+            ioctls: 200_000,
+            gpu_ioctls: 100_000,
+            ioctl_rounds: 2,
+            spin: 20_000,
+            idle_rounds: 2,
+            dying_kills: 3,
+            dying_rounds: 2,
+            trace_events: 200_000,
+            trace_rounds: 1,
+            replay_ioctls: 100_000,
+            replay_kills: 4,
+            replay_rounds: 1,
             ..Self::full()
         }
     }
@@ -92,7 +139,19 @@ impl Plan {
 /// The ring size `linger live` uses unless told otherwise (ProbeConfig's default).
 pub const DEFAULT_RING: u32 = 1 << 22;
 pub const STORM_TARGET: f64 = 1.05;
+pub const IOCTL_TARGET: f64 = 1.05;
 pub const RING_TARGET_PER_S: f64 = 2e6;
+pub const REPLAY_TARGET_PER_S: f64 = 20e6;
+/// The stand-in GPU device (a node for /dev/full) the benchmarks make and use.
+pub const GPU_DEVICE: &str = "target/bench/gpu0";
+/// The benchmark programs, built by `cargo xtask bench`.
+pub const BINARIES: [&str; 5] = [
+    "linger-bench-storm",
+    "linger-bench-dying",
+    "linger-bench-ring",
+    "linger-bench-trace",
+    "linger-bench-replay",
+];
 
 /// One benchmark command and the JSON it printed.
 pub struct Measured {
@@ -101,12 +160,19 @@ pub struct Measured {
     pub data: Value,
 }
 
-#[derive(Default)]
 pub struct Results {
     pub storm: Vec<Measured>,
-    pub sweep: Option<Measured>,
-    pub syscall: Option<Measured>,
-    pub decode: Option<Measured>,
+    pub sweep: Measured,
+    pub syscall: Measured,
+    pub decode: Measured,
+    /// `ioctl` and `ioctl-gpu` workloads.
+    pub ioctl: Measured,
+    pub gpu_ioctl: Measured,
+    /// `spin` with the tracer idle, and kills of a 64-thread GPU holder.
+    pub idle: Measured,
+    pub dying: Measured,
+    pub trace: Measured,
+    pub replay: Measured,
 }
 
 /// Where and when the figures were taken.
@@ -129,16 +195,14 @@ pub fn run(args: Args) -> Result<()> {
     let root = build::workspace_root();
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     build::linger()?;
-    setup::status(build::cargo()?.current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "linger-tests",
-        "--bin",
-        "linger-bench-storm",
-        "--bin",
-        "linger-bench-ring",
-    ]))?;
+    let mut cargo = build::cargo()?;
+    cargo
+        .current_dir(&root)
+        .args(["build", "--release", "--package", "linger-tests"]);
+    for bin in BINARIES {
+        cargo.args(["--bin", bin]);
+    }
+    setup::status(&mut cargo)?;
     let plan = if args.quick {
         Plan::quick()
     } else {
@@ -147,80 +211,7 @@ pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let load_before = loadavg();
     let date = output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])?;
-
-    let nice = plan.nice.to_string();
-    let mut results = Results::default();
-    for &(workload, iterations) in &plan.storm {
-        results.storm.push(measure(
-            &root,
-            &[
-                "target/release/linger-bench-storm",
-                "--linger",
-                "target/release/linger",
-                "--workload",
-                workload,
-                "--iterations",
-                &iterations.to_string(),
-                "--threads",
-                &plan.storm_threads.to_string(),
-                "--pairs",
-                &plan.storm_pairs.to_string(),
-                "--nice",
-                &nice,
-                "--out-dir",
-                "target/bench",
-            ],
-        )?);
-    }
-    let ring = "target/release/linger-bench-ring";
-    let sizes: Vec<String> = plan.ring_sizes.iter().map(u32::to_string).collect();
-    results.sweep = Some(measure(
-        &root,
-        &[
-            ring,
-            "--phase",
-            "sweep",
-            "--ring-sizes",
-            &sizes.join(","),
-            "--rates",
-            plan.rates,
-            "--seconds",
-            &plan.ring_seconds.to_string(),
-            "--rounds",
-            &plan.ring_rounds.to_string(),
-            "--nice",
-            &nice,
-        ],
-    )?);
-    results.syscall = Some(measure(
-        &root,
-        &[
-            ring,
-            "--phase",
-            "syscall",
-            "--seconds",
-            &plan.ring_seconds.to_string(),
-            "--rounds",
-            &plan.syscall_rounds.to_string(),
-            "--nice",
-            &nice,
-        ],
-    )?);
-    results.decode = Some(measure(
-        &root,
-        &[
-            ring,
-            "--phase",
-            "decode",
-            "--seconds",
-            &plan.ring_seconds.to_string(),
-            "--rounds",
-            &plan.decode_rounds.to_string(),
-            "--nice",
-            &nice,
-        ],
-    )?);
-
+    let results = run_all(&root, &plan)?;
     let machine = Machine {
         nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
@@ -244,12 +235,150 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Runs one benchmark binary from the workspace root; its stdout is one JSON object.
+/// Every benchmark of the plan, in the report's order.
+fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
+    let nice = plan.nice.to_string();
+    let storm = |workload: &str, iterations: u32, rounds: u32, extra: &[&str]| {
+        let iterations = iterations.to_string();
+        let rounds = rounds.to_string();
+        let mut argv = vec![
+            "target/release/linger-bench-storm",
+            "--linger",
+            "target/release/linger",
+            "--workload",
+            workload,
+            "--iterations",
+            &iterations,
+            "--rounds",
+            &rounds,
+            "--nice",
+            &nice,
+            "--out-dir",
+            "target/bench",
+        ];
+        argv.extend_from_slice(extra);
+        measure(root, &argv)
+    };
+    let threads = plan.storm_threads.to_string();
+    let mut storms = Vec::new();
+    for &(workload, iterations) in &plan.storm {
+        storms.push(storm(
+            workload,
+            iterations,
+            plan.storm_rounds,
+            &["--threads", &threads],
+        )?);
+    }
+    let gpu = ["--gpu-device", GPU_DEVICE];
+    let ioctl = storm("ioctl", plan.ioctls, plan.ioctl_rounds, &[])?;
+    let gpu_ioctl = storm("ioctl-gpu", plan.gpu_ioctls, plan.ioctl_rounds, &gpu)?;
+    let idle = storm(
+        "spin",
+        plan.spin,
+        plan.idle_rounds,
+        &[
+            "--variant",
+            "base",
+            "--variant",
+            "base",
+            "--variant",
+            "live",
+            "--variant",
+            "'live --sample-hz 0'",
+        ],
+    )?;
+    let dying_threads = plan.dying_threads.to_string();
+    let dying = storm(
+        "dying",
+        plan.dying_kills,
+        plan.dying_rounds,
+        &[
+            "--threads",
+            &dying_threads,
+            "--gpu-device",
+            GPU_DEVICE,
+            "--variant",
+            "base",
+            "--variant",
+            "live",
+            "--variant",
+            "'live --sample-hz 0'",
+        ],
+    )?;
+
+    let ring = "target/release/linger-bench-ring";
+    let sizes: Vec<String> = plan.ring_sizes.iter().map(u32::to_string).collect();
+    let seconds = plan.ring_seconds.to_string();
+    let ring_phase = |phase: &str, rounds: u32, extra: &[&str]| {
+        let rounds = rounds.to_string();
+        let mut argv = vec![ring, "--phase", phase];
+        argv.extend_from_slice(extra);
+        argv.extend_from_slice(&["--seconds", &seconds, "--rounds", &rounds, "--nice", &nice]);
+        measure(root, &argv)
+    };
+    let sweep = ring_phase(
+        "sweep",
+        plan.ring_rounds,
+        &["--ring-sizes", &sizes.join(","), "--rates", plan.rates],
+    )?;
+    let syscall = ring_phase("syscall", plan.syscall_rounds, &[])?;
+    let decode = ring_phase("decode", plan.decode_rounds, &[])?;
+
+    let trace = measure(
+        root,
+        &[
+            "target/release/linger-bench-trace",
+            "--events",
+            &plan.trace_events.to_string(),
+            "--rounds",
+            &plan.trace_rounds.to_string(),
+            "--nice",
+            &nice,
+        ],
+    )?;
+    let replay = measure(
+        root,
+        &[
+            "target/release/linger-bench-replay",
+            "--linger",
+            "target/release/linger",
+            "--gpu-device",
+            GPU_DEVICE,
+            "--ioctls",
+            &plan.replay_ioctls.to_string(),
+            "--kills",
+            &plan.replay_kills.to_string(),
+            "--threads",
+            "8",
+            "--rounds",
+            &plan.replay_rounds.to_string(),
+            "--nice",
+            &nice,
+            "--out-dir",
+            "target/bench",
+        ],
+    )?;
+    Ok(Results {
+        storm: storms,
+        sweep,
+        syscall,
+        decode,
+        ioctl,
+        gpu_ioctl,
+        idle,
+        dying,
+        trace,
+        replay,
+    })
+}
+
+/// Runs one benchmark binary from the workspace root; its stdout is one JSON object. An
+/// argument in single quotes (shown so in the command) is passed without them, as one.
 fn measure(root: &Path, argv: &[&str]) -> Result<Measured> {
     let command = argv.join(" ");
     eprintln!("\nxtask bench: {command}");
     let out = Command::new(root.join(argv[0]))
-        .args(&argv[1..])
+        .args(argv[1..].iter().map(|a| a.trim_matches('\'')))
         .current_dir(root)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())

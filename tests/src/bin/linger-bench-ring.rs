@@ -258,6 +258,7 @@ fn syscall_phase(config: &Config) -> Result<Value> {
             "traced_per_s": traced.offered_per_s(),
             "drops": traced.drops,
             "wakeups": traced.wakeups,
+            "irq_works": traced.irq_works,
             "events": traced.events,
         }));
     }
@@ -377,6 +378,8 @@ struct Run {
     counts: Counts,
     /// CPU time of the collector thread during the run.
     consumer_cpu_s: f64,
+    /// IRQ work interrupts on the machine during the run.
+    irq_works: u64,
 }
 
 impl std::ops::Deref for Run {
@@ -427,6 +430,7 @@ impl Run {
             "consumer_cpu_s": self.consumer_cpu_s,
             "drain_s": self.drain_s,
             "wakeups": self.wakeups,
+            "irq_works": self.irq_works,
         })
     }
 }
@@ -438,6 +442,7 @@ fn measure(runtime: &Runtime, source: &mut KernelSource, rate: Rate, seconds: f6
     source.drain(&mut batch);
     batch.clear();
     let _ = source.poll_drops(boottime_ns());
+    let irq_work0 = irq_work_interrupts();
     let running = Arc::new(AtomicUsize::new(rate.threads as usize));
     let per_thread = rate.per_s.map(|r| r / f64::from(rate.threads));
     let generators: Vec<_> = (0..rate.threads)
@@ -453,6 +458,7 @@ fn measure(runtime: &Runtime, source: &mut KernelSource, rate: Rate, seconds: f6
     let cpu0 = thread_cpu_s();
     let counts = runtime.block_on(consume(source, &running, batch))?;
     let consumer_cpu_s = thread_cpu_s() - cpu0;
+    let irq_works = irq_work_interrupts().saturating_sub(irq_work0);
     let mut all = Vec::new();
     for generator in generators {
         match generator.join() {
@@ -472,7 +478,25 @@ fn measure(runtime: &Runtime, source: &mut KernelSource, rate: Rate, seconds: f6
         generated,
         counts,
         consumer_cpu_s,
+        irq_works,
     })
+}
+
+/// IRQ work interrupts so far, all CPUs (/proc/interrupts `IWI`): a ring buffer record
+/// submitted with a wake-up for the reader queues one.
+fn irq_work_interrupts() -> u64 {
+    std::fs::read_to_string("/proc/interrupts")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.trim_start().starts_with("IWI:"))?;
+            Some(
+                line.split_whitespace()
+                    .skip(1)
+                    .map_while(|f| f.parse::<u64>().ok())
+                    .sum(),
+            )
+        })
+        .unwrap_or(0)
 }
 
 struct Counts {

@@ -1,83 +1,86 @@
-//! Process storm benchmark: how much slower a fork/exit/kill storm runs while `linger live`
-//! traces it, measured side by side.
+//! Workload benchmark: how much slower a workload runs while `linger live` traces it, measured
+//! side by side.
 //!
 //! ```text
 //! linger-bench-storm --linger target/release/linger --workload kill-threads \
-//!     --iterations 1000 --threads 4 --pairs 12 --nice -10 --out-dir target/bench
+//!     --iterations 1000 --threads 4 --rounds 10 --nice -19 --out-dir target/bench
+//! linger-bench-storm ... --workload spin --variant base --variant base --variant live \
+//!     --variant 'live --sample-hz 0'
 //! ```
 //!
-//! One run executes the workload `--iterations` times and is timed by wall clock. Runs alternate
-//! between baseline (no tracer) and traced (`linger live --json` in the background, writing to a
-//! file), in pairs whose order alternates (AB BA AB ...) so slow drift on a noisy machine cancels.
-//! A traced run counts only when the tracer's output holds one SIGKILL incident per kill sent.
-//! `--nice` renices this process first, so the workload and the tracer it starts both run at
-//! that priority, ahead of unrelated work on a shared machine. Prints one JSON object with every
-//! sample on stdout; `cargo xtask bench` turns it into a table.
+//! One run executes the workload `--iterations` times. Each round runs every variant once:
+//! `base` (no tracer) or `live [ARGS]` (`linger live --json ARGS` in the background, writing to
+//! a file); the order rotates from round to round (AB BA ..., ABC BCA CAB ...) so slow drift on a
+//! noisy machine cancels. The first variant is the baseline the others are compared with; a
+//! second `base` measures the noise itself. A workload times one or more parts of each run
+//! (`parts_s`, see [`Workload::parts`]). A traced run counts only when the tracer's output holds
+//! one SIGKILL incident per kill sent. `--nice` renices this process first, so the workload and
+//! the tracer it starts run at that priority, ahead of unrelated work on a shared machine.
+//! `--gpu-device PATH` is a char device node for /dev/full (1:7), made if missing, that the
+//! GPU workloads open and the tracer is told to treat as a GPU file. Prints one JSON object with
+//! every sample on stdout; `cargo xtask bench` turns it into tables.
 //!
 //! The process must stay single-threaded: the `kill-threads` workload forks without exec.
 
-use std::{
-    fs::File,
-    io::{BufRead, BufReader, Read},
-    os::fd::{AsFd, OwnedFd},
-    path::{Path, PathBuf},
-    process::{Child, ChildStderr, Command, Stdio},
-    thread,
-    time::{Duration, Instant},
-};
+#[path = "linger-bench-storm/bpfstats.rs"]
+mod bpfstats;
+#[path = "linger-bench-storm/tracer.rs"]
+mod tracer;
+#[path = "linger-bench-storm/workload.rs"]
+mod workload;
+
+use std::{path::PathBuf, thread};
 
 use anyhow::{bail, ensure, Context, Result};
-use nix::{
-    libc,
-    sys::{
-        signal::{kill, Signal},
-        wait::{waitpid, WaitStatus},
-    },
-    unistd::{fork, pause, pipe, read, write, ForkResult, Pid},
-};
+use nix::libc;
 use serde_json::{json, Value};
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Workload {
-    /// fork() a child that starts `threads - 1` more threads, SIGKILL it, reap it.
-    KillThreads,
-    /// Spawn `/bin/sleep 60` (fork + exec), SIGKILL it, reap it.
-    KillExec,
-    /// Spawn `/bin/true` and wait for it: fork, exec, exit, no signal.
-    SpawnTrue,
+use bpfstats::Program;
+use tracer::{Output, Traced};
+use workload::{Run, Storm, Workload};
+
+/// Bytes of a GPU ioctl record in the ring (header and payload).
+const GPU_IOCTL_RECORD: usize =
+    std::mem::size_of::<tracer_common::Record<tracer_common::GpuIoctl>>();
+
+/// One way to run the workload: without a tracer, or under `linger live` with these arguments.
+#[derive(Clone, Debug)]
+enum Variant {
+    Base,
+    Live(Vec<String>),
 }
 
-impl Workload {
+impl Variant {
+    /// `base`, or `live` followed by extra arguments for `linger live`.
     fn parse(s: &str) -> Result<Self> {
-        Ok(match s {
-            "kill-threads" => Self::KillThreads,
-            "kill-exec" => Self::KillExec,
-            "spawn-true" => Self::SpawnTrue,
-            _ => bail!("unknown workload {s:?} (kill-threads, kill-exec, spawn-true)"),
-        })
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::KillThreads => "kill-threads",
-            Self::KillExec => "kill-exec",
-            Self::SpawnTrue => "spawn-true",
+        let mut words = s.split_whitespace();
+        match words.next() {
+            Some("base") if words.next().is_none() => Ok(Self::Base),
+            Some("live") => Ok(Self::Live(words.map(str::to_string).collect())),
+            _ => bail!("variant {s:?}: `base` or `live [LINGER LIVE ARGS]`"),
         }
     }
 
-    fn kills(self) -> bool {
-        self != Self::SpawnTrue
+    fn label(&self) -> String {
+        match self {
+            Self::Base => "base".into(),
+            Self::Live(args) if args.is_empty() => "live".into(),
+            Self::Live(args) => format!("live {}", args.join(" ")),
+        }
     }
 }
 
-struct Config {
+#[derive(Clone)]
+pub struct Config {
     linger: PathBuf,
     workload: Workload,
     iterations: u32,
     threads: u32,
-    pairs: u32,
+    rounds: u32,
+    variants: Vec<Variant>,
     nice: Option<i32>,
     out_dir: PathBuf,
+    gpu_device: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Config> {
@@ -86,9 +89,11 @@ fn parse_args() -> Result<Config> {
         workload: Workload::KillThreads,
         iterations: 1000,
         threads: 4,
-        pairs: 12,
+        rounds: 12,
+        variants: Vec::new(),
         nice: None,
         out_dir: std::env::temp_dir(),
+        gpu_device: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -100,15 +105,29 @@ fn parse_args() -> Result<Config> {
             "--workload" => config.workload = Workload::parse(&value)?,
             "--iterations" => config.iterations = value.parse()?,
             "--threads" => config.threads = value.parse()?,
-            "--pairs" => config.pairs = value.parse()?,
+            "--rounds" => config.rounds = value.parse()?,
+            "--variant" => config.variants.push(Variant::parse(&value)?),
             "--nice" => config.nice = Some(value.parse()?),
             "--out-dir" => config.out_dir = value.into(),
+            "--gpu-device" => config.gpu_device = Some(value.into()),
             _ => bail!("unknown argument {flag}"),
         }
     }
+    if config.variants.is_empty() {
+        config.variants = vec![Variant::Base, Variant::Live(Vec::new())];
+    }
     ensure!(
-        config.iterations > 0 && config.pairs > 0,
-        "--iterations and --pairs must be positive"
+        config.iterations > 0 && config.rounds > 0,
+        "--iterations and --rounds must be positive"
+    );
+    ensure!(
+        matches!(config.variants[0], Variant::Base) && config.variants.len() >= 2,
+        "the first variant is the baseline (`base`), and at least one other is needed"
+    );
+    ensure!(
+        !config.workload.needs_gpu() || config.gpu_device.is_some(),
+        "workload {} needs --gpu-device",
+        config.workload.name()
     );
     Ok(config)
 }
@@ -119,52 +138,53 @@ fn main() -> Result<()> {
     if let Some(nice) = config.nice {
         renice(nice)?;
     }
+    if let Some(device) = &config.gpu_device {
+        workload::stand_in_device(device)?;
+    }
     let mut storm = Storm::new(&config)?;
     // Warm-up: page in the binaries and settle the allocator; not measured.
-    storm.run(config.iterations / 4 + 1)?;
-    let mut pairs = Vec::new();
-    for i in 0..config.pairs {
-        let traced_first = i % 2 == 1;
-        let mut base = None;
-        let mut traced = None;
-        // Another tracer running would trace the baseline too.
+    storm.measured(config.iterations / 4 + 1)?;
+    let check = check_run(&config, &mut storm)?;
+    let k = config.variants.len();
+    let mut rounds = Vec::new();
+    for round in 0..config.rounds {
+        let order: Vec<usize> = (0..k).map(|i| (i + round as usize) % k).collect();
+        let mut runs: Vec<Option<Value>> = vec![None; k];
         let mut other_tracers = 0;
-        for traced_turn in [traced_first, !traced_first] {
-            other_tracers = other_tracers.max(other_lingers());
-            if traced_turn {
-                traced = Some(traced_run(&config, &mut storm, i)?);
-            } else {
-                base = Some(storm.measured(config.iterations)?);
-            }
+        for &v in &order {
+            // Another tracer running would trace the baseline too.
+            other_tracers = other_tracers.max(tracer::other_lingers());
+            let run = match &config.variants[v] {
+                Variant::Base => run_json(&storm.measured(config.iterations)?, None),
+                Variant::Live(args) => {
+                    let name = format!("{}-{round}-{v}", config.workload.name());
+                    let traced = traced_run(&config, &mut storm, args, &name, false, false)?;
+                    run_json(&traced.run, Some(&traced))
+                }
+            };
+            runs[v] = Some(run);
         }
-        let (base, traced) = (base.context("baseline run")?, traced.context("traced run")?);
-        let ratio = traced.run.wall_s / base.wall_s;
+        let runs: Vec<Value> = runs.into_iter().map(Option::unwrap_or_default).collect();
+        let parts: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{:.4}", r["parts_s"][0].as_f64().unwrap_or(f64::NAN)))
+            .collect();
         eprintln!(
-            "storm {} pair {}: base {:.3}s traced {:.3}s ratio {ratio:.3} ({} incidents, \
-             linger cpu {:.3}s, {} wake-ups; machine busy {:.0}%/{:.0}%)",
+            "{} round {}: {} s ({})",
             config.workload.name(),
-            i + 1,
-            base.wall_s,
-            traced.run.wall_s,
-            traced.incidents,
-            traced.linger.cpu_s,
-            traced.linger.wakeups,
-            100.0 * base.busy_share(),
-            100.0 * traced.run.busy_share(),
+            round + 1,
+            parts.join(" / "),
+            config
+                .variants
+                .iter()
+                .map(Variant::label)
+                .collect::<Vec<_>>()
+                .join(" / ")
         );
-        pairs.push(json!({
-            "order": if traced_first { "BA" } else { "AB" },
-            "base_s": base.wall_s,
-            "traced_s": traced.run.wall_s,
-            "ratio": ratio,
-            "base_cpu_s": base.cpu_s,
-            "traced_cpu_s": traced.run.cpu_s,
-            "base_busy": base.busy_share(),
-            "traced_busy": traced.run.busy_share(),
-            "linger_cpu_s": traced.linger.cpu_s,
-            "linger_wakeups": traced.linger.wakeups,
-            "incidents": traced.incidents,
-            "losses": traced.losses,
+        let letters: String = order.iter().map(|&v| (b'A' + v as u8) as char).collect();
+        rounds.push(json!({
+            "order": letters,
+            "runs": runs,
             "other_lingers": other_tracers,
         }));
     }
@@ -175,10 +195,144 @@ fn main() -> Result<()> {
         "nice": config.nice,
         "cpus": thread::available_parallelism().map_or(1, |n| n.get()),
         "kills_per_run": if config.workload.kills() { config.iterations } else { 0 },
-        "pairs": pairs,
+        "parts": config.workload.parts(),
+        "variants": config.variants.iter().map(Variant::label).collect::<Vec<_>>(),
+        "check": check,
+        "rounds": rounds,
     });
     println!("{out}");
     Ok(())
+}
+
+/// One untimed run under `linger live` with the kernel's program accounting on, and for the
+/// GPU workloads `--events`: what the tracer records of the workload (every ioctl on the
+/// device; each kill's teardown samples) and how long its programs took. The ioctl workloads
+/// run their first part only.
+fn check_run(config: &Config, storm: &mut Storm) -> Result<Value> {
+    let (events, iterations) = match config.workload {
+        Workload::Ioctl => (false, config.iterations),
+        // Every event is printed as JSON: keep these small.
+        Workload::IoctlGpu => (true, config.iterations.min(50_000)),
+        Workload::Dying => (true, config.iterations.min(5)),
+        _ => return Ok(Value::Null),
+    };
+    let check = Config {
+        iterations,
+        ..config.clone()
+    };
+    storm.first_part_only = true;
+    let traced = traced_run(&check, storm, &[], "check", events, true);
+    storm.first_part_only = false;
+    let traced = traced?;
+    let o = &traced.output;
+    let programs: Vec<String> = traced
+        .programs
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}x {:.0} ns",
+                p.name,
+                p.runs,
+                p.ns as f64 / p.runs as f64
+            )
+        })
+        .collect();
+    eprintln!(
+        "{} check: {iterations} iterations, {} GPU ioctls of this process recorded, \
+         teardown samples {:?}; programs: {}",
+        config.workload.name(),
+        o.gpu_ioctls,
+        o.samples,
+        programs.join(", ")
+    );
+    Ok(json!({
+        "iterations": iterations,
+        "events": events,
+        "part": config.workload.parts()[0],
+        "gpu_ioctls": o.gpu_ioctls,
+        "gpu_ioctl_record_bytes": GPU_IOCTL_RECORD,
+        "on_cpu_samples": o.samples[0],
+        "block_starts": o.samples[1],
+        "block_ends": o.samples[2],
+        "gpu_incidents": o.gpu_incidents,
+        "incidents": o.incidents,
+        "losses": o.losses,
+        "programs": traced.programs.iter().map(Program::to_json).collect::<Vec<_>>(),
+        "run": run_json(&traced.run, None),
+    }))
+}
+
+fn run_json(run: &Run, traced: Option<&Traced>) -> Value {
+    let mut v = json!({
+        "wall_s": run.wall_s,
+        "parts_s": run.parts_s,
+        "cpu_s": run.cpu_s,
+        "busy": run.busy_share(),
+    });
+    if let Some(extra) = &run.extra {
+        v["extra"] = extra.clone();
+    }
+    if let Some(t) = traced {
+        v["linger_cpu_s"] = json!(t.linger.cpu_s);
+        v["linger_wakeups"] = json!(t.linger.wakeups);
+        v["incidents"] = json!(t.output.incidents);
+        v["gpu_incidents"] = json!(t.output.gpu_incidents);
+        v["losses"] = json!(t.output.losses);
+        v["linger_perf_events"] = json!(t.perf_events);
+    }
+    v
+}
+
+/// One workload run with `linger live --json ARGS` tracing in the background; the output is
+/// checked against what the run did.
+fn traced_run(
+    config: &Config,
+    storm: &mut Storm,
+    args: &[String],
+    name: &str,
+    events: bool,
+    accounting: bool,
+) -> Result<Traced> {
+    let out_path = config.out_dir.join(format!("storm-{name}.jsonl"));
+    let mut live_args: Vec<String> = args.to_vec();
+    if let Some(device) = &config.gpu_device {
+        live_args.push("--gpu-device".into());
+        live_args.push(device.display().to_string());
+    }
+    if events {
+        live_args.push("--events".into());
+    }
+    let traced = tracer::run_under(&config.linger, &live_args, &out_path, accounting, |pid| {
+        storm.set_tracer(Some(pid));
+        let run = storm.measured(config.iterations);
+        storm.set_tracer(None);
+        run
+    })?;
+    let want = if config.workload.kills() {
+        u64::from(config.iterations)
+    } else {
+        0
+    };
+    let Output {
+        incidents,
+        gpu_incidents,
+        ..
+    } = traced.output;
+    ensure!(
+        incidents == want,
+        "linger reported {incidents} SIGKILL incidents from this benchmark, expected {want} \
+         (output: {})",
+        out_path.display()
+    );
+    if config.workload == Workload::Dying {
+        ensure!(
+            gpu_incidents == want,
+            "only {gpu_incidents} of {want} incidents saw the stand-in GPU device held \
+             (output: {})",
+            out_path.display()
+        );
+    }
+    Ok(traced)
 }
 
 /// Renices this (single-threaded) process; the children and the tracer it starts inherit it.
@@ -191,300 +345,4 @@ fn renice(nice: i32) -> Result<()> {
         std::io::Error::last_os_error()
     );
     Ok(())
-}
-
-/// The workload, with what it keeps between iterations.
-struct Storm {
-    workload: Workload,
-    threads: u32,
-    /// Children of `kill-threads` write one byte here once all their threads run.
-    ready: (OwnedFd, OwnedFd),
-}
-
-/// One timed run of the workload.
-struct Run {
-    wall_s: f64,
-    /// CPU time of this process and of the children it reaped during the run.
-    cpu_s: f64,
-    /// CPU time the whole machine spent busy during the run, all CPUs together.
-    machine_busy_s: f64,
-}
-
-impl Run {
-    /// The machine's busy time as a share of all its CPUs over the run.
-    fn busy_share(&self) -> f64 {
-        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-        self.machine_busy_s / (self.wall_s * cpus as f64)
-    }
-}
-
-impl Storm {
-    fn new(config: &Config) -> Result<Self> {
-        Ok(Self {
-            workload: config.workload,
-            threads: config.threads.max(1),
-            ready: pipe()?,
-        })
-    }
-
-    fn measured(&mut self, iterations: u32) -> Result<Run> {
-        let busy = machine_busy_s()?;
-        let cpu = own_cpu_s();
-        let start = Instant::now();
-        self.run(iterations)?;
-        let wall_s = start.elapsed().as_secs_f64();
-        Ok(Run {
-            wall_s,
-            cpu_s: own_cpu_s() - cpu,
-            machine_busy_s: machine_busy_s()? - busy,
-        })
-    }
-
-    fn run(&mut self, iterations: u32) -> Result<()> {
-        for _ in 0..iterations {
-            match self.workload {
-                Workload::KillThreads => self.kill_threads()?,
-                Workload::KillExec => {
-                    let child = Command::new("/bin/sleep").arg("60").spawn()?;
-                    let pid = Pid::from_raw(child.id() as i32);
-                    kill(pid, Signal::SIGKILL)?;
-                    expect_killed(pid)?;
-                }
-                Workload::SpawnTrue => {
-                    let status = Command::new("/bin/true").status()?;
-                    ensure!(status.success(), "/bin/true failed: {status}");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn kill_threads(&mut self) -> Result<()> {
-        // SAFETY: this process is single-threaded, and the child only starts threads, writes to
-        // a pipe and waits for its SIGKILL, never returning into the parent's code.
-        match unsafe { fork() }? {
-            ForkResult::Child => child(self.threads, &self.ready.1),
-            ForkResult::Parent { child } => {
-                let mut byte = [0u8];
-                let n = read(self.ready.0.as_fd(), &mut byte)?;
-                ensure!(n == 1, "child {child} did not report ready");
-                kill(child, Signal::SIGKILL)?;
-                expect_killed(child)
-            }
-        }
-    }
-}
-
-fn child(threads: u32, ready: &OwnedFd) -> ! {
-    for _ in 1..threads {
-        if thread::Builder::new()
-            .spawn(|| loop {
-                thread::park()
-            })
-            .is_err()
-        {
-            // SAFETY: leaves the forked child at once, without running the parent's destructors.
-            unsafe { libc::_exit(1) };
-        }
-    }
-    if write(ready, b"r").is_err() {
-        // SAFETY: as above.
-        unsafe { libc::_exit(1) };
-    }
-    loop {
-        pause();
-    }
-}
-
-fn expect_killed(pid: Pid) -> Result<()> {
-    match waitpid(pid, None)? {
-        WaitStatus::Signaled(_, Signal::SIGKILL, _) => Ok(()),
-        other => bail!("child {pid}: unexpected status {other:?}"),
-    }
-}
-
-/// CPU time of this process plus that of its reaped children, in seconds.
-fn own_cpu_s() -> f64 {
-    let mut total = 0.0;
-    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
-        // SAFETY: an all-zero rusage is valid, and getrusage only writes into it.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `usage` is a valid, writable rusage.
-        if unsafe { libc::getrusage(who, &mut usage) } == 0 {
-            for t in [usage.ru_utime, usage.ru_stime] {
-                total += t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-            }
-        }
-    }
-    total
-}
-
-/// Busy time of all CPUs since boot from /proc/stat (user, nice, system, irq, softirq, steal).
-fn machine_busy_s() -> Result<f64> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let cpu = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("cpu "))
-        .context("/proc/stat without a cpu line")?;
-    let ticks: Vec<u64> = cpu
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    let busy: u64 = [0, 1, 2, 5, 6, 7]
-        .iter()
-        .filter_map(|&i| ticks.get(i))
-        .sum();
-    // USER_HZ is 100 on every Linux this runs on.
-    Ok(busy as f64 / 100.0)
-}
-
-struct Traced {
-    run: Run,
-    linger: Usage,
-    incidents: u64,
-    losses: u64,
-}
-
-/// One workload run with `linger live --json` tracing in the background.
-fn traced_run(config: &Config, storm: &mut Storm, pair: u32) -> Result<Traced> {
-    let out_path = config
-        .out_dir
-        .join(format!("storm-{}-{pair}.jsonl", config.workload.name()));
-    let out =
-        File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
-    let mut linger = Command::new(&config.linger)
-        .args(["live", "--json", "--duration", "120s"])
-        .stdout(out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", config.linger.display()))?;
-    let mut stderr = BufReader::new(linger.stderr.take().context("linger stderr")?);
-    wait_ready(&mut linger, &mut stderr)?;
-    let pid = linger.id();
-    let before = Usage::of(pid)?;
-    let run = storm.measured(config.iterations)?;
-    let used = Usage::of(pid)?.since(&before);
-    // Let the last records reach the collector before asking it to stop.
-    thread::sleep(Duration::from_millis(50));
-    kill(Pid::from_raw(pid as i32), Signal::SIGINT)?;
-    let status = linger.wait()?;
-    let mut rest = String::new();
-    stderr.read_to_string(&mut rest)?;
-    ensure!(status.success(), "linger live failed ({status}): {rest}");
-    let (incidents, losses) = count_output(&out_path)?;
-    let want = if config.workload.kills() {
-        u64::from(config.iterations)
-    } else {
-        0
-    };
-    ensure!(
-        incidents == want,
-        "linger reported {incidents} SIGKILL incidents from this benchmark, expected {want} \
-         (output: {}; stderr: {rest})",
-        out_path.display()
-    );
-    Ok(Traced {
-        run,
-        linger: used,
-        incidents,
-        losses,
-    })
-}
-
-/// Reads linger's stderr until it says the probes are attached.
-fn wait_ready(linger: &mut Child, stderr: &mut BufReader<ChildStderr>) -> Result<()> {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if stderr.read_line(&mut line)? == 0 {
-            let status = linger.wait()?;
-            bail!("linger live exited before attaching ({status})");
-        }
-        if line.contains("tracing") {
-            return Ok(());
-        }
-    }
-}
-
-/// SIGKILL incidents this process sent, and records the kernel dropped, in linger's output.
-fn count_output(path: &Path) -> Result<(u64, u64)> {
-    let me = u64::from(std::process::id());
-    let (mut incidents, mut losses) = (0, 0);
-    for line in BufReader::new(File::open(path)?).lines() {
-        let v: Value = serde_json::from_str(&line?)?;
-        match v["type"].as_str() {
-            Some("incident")
-                if v["signal"] == 9
-                    && v["sender"]["pid"].as_u64() == Some(me)
-                    && v["outcome"] == "exited" =>
-            {
-                incidents += 1
-            }
-            Some("loss") => losses += v["count"].as_u64().unwrap_or(0),
-            _ => {}
-        }
-    }
-    Ok((incidents, losses))
-}
-
-/// What a process has used so far, summed over its threads.
-struct Usage {
-    cpu_s: f64,
-    /// Times it went to sleep and was woken again (voluntary context switches).
-    wakeups: u64,
-}
-
-impl Usage {
-    fn of(pid: u32) -> Result<Self> {
-        let mut usage = Self {
-            cpu_s: 0.0,
-            wakeups: 0,
-        };
-        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-            let task = task?.path();
-            // schedstat: nanoseconds on CPU first.
-            let stat = std::fs::read_to_string(task.join("schedstat"))?;
-            let ns: u64 = stat
-                .split_whitespace()
-                .next()
-                .and_then(|f| f.parse().ok())
-                .context("parsing schedstat")?;
-            usage.cpu_s += ns as f64 / 1e9;
-            let status = std::fs::read_to_string(task.join("status"))?;
-            usage.wakeups += status
-                .lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .context("parsing voluntary_ctxt_switches")?;
-        }
-        Ok(usage)
-    }
-
-    fn since(&self, before: &Usage) -> Usage {
-        Usage {
-            cpu_s: self.cpu_s - before.cpu_s,
-            wakeups: self.wakeups.saturating_sub(before.wakeups),
-        }
-    }
-}
-
-/// Other `linger live` processes running now (another tracer would slow the baseline too).
-fn other_lingers() -> usize {
-    let me = std::process::id().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n != me && n.parse::<u32>().is_ok())
-        })
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("cmdline")).is_ok_and(|c| {
-                let mut args = c.split('\0');
-                args.next().is_some_and(|a| a.ends_with("linger")) && args.next() == Some("live")
-            })
-        })
-        .count()
 }
