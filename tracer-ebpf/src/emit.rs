@@ -3,7 +3,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{Header, Payload, Record};
 
@@ -83,13 +83,40 @@ fn emit_full<T: Payload>(wake: bool, ts_ns: Option<u64>, fill: impl FnOnce(&mut 
         };
         fill(&mut (*rec).payload);
     }
-    // The kernel's default wakes the reader only if it had read everything before this
-    // record; quiet records pending would then silence this one: force it.
-    entry.submit(if wake {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    });
+    entry.submit(submit_flags(wake));
+}
+
+/// Set by a quiet record, cleared by the next waking one.
+#[map]
+static QUIET_PENDING: Array<u32> = Array::with_max_entries(1, 0);
+
+/// The kernel's default wakes the reader only if it had read everything before the record, so
+/// quiet records pending would silence a waking one: then (only then) force the wakeup, which
+/// costs an interrupt; otherwise let the kernel batch wakeups.
+#[inline(always)]
+fn submit_flags(wake: bool) -> u64 {
+    let Some(pending) = QUIET_PENDING.get_ptr_mut(0) else {
+        return if wake {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+    };
+    // SAFETY: a valid map value; racing CPUs can only cost one extra or one missed forced
+    // wakeup, and the collector drains on its tick anyway.
+    unsafe {
+        if !wake {
+            if *pending == 0 {
+                *pending = 1;
+            }
+            return BPF_RB_NO_WAKEUP;
+        }
+        if *pending != 0 {
+            *pending = 0;
+            return BPF_RB_FORCE_WAKEUP;
+        }
+    }
+    0
 }
 
 fn count_drop() {

@@ -79,6 +79,9 @@ fn owner_of(tgid: u32, tid: u32) -> Option<u32> {
     None
 }
 
+/// `prev_state` of a task's final switch in do_task_dead: it never runs again.
+const TASK_DEAD: u32 = 0x80;
+
 fn stack_id<C: StackIdContext>(ctx: &C) -> i32 {
     ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32)
 }
@@ -111,8 +114,8 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
     }
     let prev_state: u32 = ctx.arg(3);
     let (tgid, tid) = current_ids();
-    // Going to sleep (not merely preempted): remember where.
-    if prev_state != 0 {
+    // Going to sleep (not merely preempted, nor dead for good): remember where.
+    if prev_state != 0 && prev_state & TASK_DEAD == 0 {
         if let Some(owner) = owner_of(tgid, tid) {
             let stack_id = stack_id(&ctx);
             let since = now_ns();
