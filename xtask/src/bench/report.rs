@@ -90,7 +90,12 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
         machine.duration_s
     );
 
+    md.push_str(
+        "Figures that need a GPU were measured on the H200 and are kept apart, with their \
+         commands, in [BENCHMARKS-H200.md](BENCHMARKS-H200.md).\n\n",
+    );
     md.push_str("## Targets\n\n| Target | Measured | Result |\n|---|---|---|\n");
+
     for t in &targets {
         let _ = writeln!(
             md,
