@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# H200: teardown phases and verdicts, recorded as fixtures. Writes under $OUT.
+# H200: the two kills recorded as fixtures (tests/data/h200/issue4 and final): a plain SIGKILL of
+# 16 GiB and a forked holder of 4 GiB, each beside an independent NVML poll. Writes under $OUT.
 set -u
 L=${L:-target/release/linger}
 H=scripts/h200
@@ -35,13 +36,3 @@ wait $LIVE; wait
   echo "== replay plain"; $L replay "$OUT/plain-kill-16g.trace"
   echo "== replay forked"; $L replay "$OUT/forked-holder-4g.trace"
 } > "$OUT/summary.txt" 2>&1
-
-# 3. Cost per decoded GPU ioctl: cudaMalloc/cudaFree of 64 MiB, untraced vs traced, ABAB.
-{
-  for round in 1 2 3 4; do
-    echo "untraced $(python3 $H/malloc_loop.py 400)"
-    $L live --json --duration 120s > /dev/null 2>/tmp/t.err & T=$!; wait_tracing /tmp/t.err
-    echo "traced $(python3 $H/malloc_loop.py 400)"
-    kill -INT $T; wait $T
-  done
-} > "$OUT/malloc-bench.txt" 2>&1
