@@ -351,14 +351,9 @@ impl Correlator {
             None => (None, None),
         };
         GpuImpact {
-            bytes_ledger: 0,
-            ledger: Default::default(),
-            classes: Vec::new(),
             bytes_nvml,
             nvml_used_before: used_before,
-            t_memory_back_ns: None,
-            t_files_released_ns: None,
-            files: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -368,16 +363,7 @@ impl Correlator {
         let files = unique_files(held.iter().map(|h| h.file));
         if let Some(inc) = self.open.get_mut(&pid) {
             if !held.is_empty() {
-                let gpu = inc.gpu.get_or_insert_with(|| GpuImpact {
-                    bytes_ledger: 0,
-                    ledger: Default::default(),
-                    classes: Vec::new(),
-                    bytes_nvml: None,
-                    nvml_used_before: None,
-                    t_memory_back_ns: None,
-                    t_files_released_ns: None,
-                    files: Vec::new(),
-                });
+                let gpu = inc.gpu.get_or_insert_with(GpuImpact::default);
                 gpu.ledger = self.ledger.bytes(&files);
                 gpu.bytes_ledger = gpu.ledger.video;
                 gpu.classes = self.ledger.classes(&files);

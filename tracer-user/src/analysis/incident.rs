@@ -59,7 +59,7 @@ pub struct Incident {
     pub teardown_stacks: Vec<(Vec<String>, u64)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuImpact {
     /// Physical video memory the driver gave the target's clients (decoded RM ioctls seen
     /// while tracing; allocations made before tracing began are not counted).
