@@ -4,21 +4,27 @@
 //!
 //! Usage: linger-bench-dying DEVICE THREADS
 
-use std::{fs::OpenOptions, io::Write, thread, time::Duration};
+use std::{fs::OpenOptions, io::Write, path::PathBuf, thread, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::Parser;
+
+/// A GPU-holding process for the `dying` benchmark to kill.
+#[derive(Parser)]
+struct Args {
+    /// The stand-in GPU device to hold open.
+    device: PathBuf,
+    /// Threads in all, the main thread included.
+    threads: u32,
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let [_, device, threads] = args.as_slice() else {
-        bail!("usage: linger-bench-dying DEVICE THREADS");
-    };
-    let threads: u32 = threads.parse().context("THREADS")?;
+    let Args { device, threads } = Args::parse();
     let gpu = OpenOptions::new()
         .read(true)
         .write(true)
-        .open(device)
-        .with_context(|| format!("opening {device}"))?;
+        .open(&device)
+        .with_context(|| format!("opening {}", device.display()))?;
     for _ in 1..threads {
         thread::Builder::new().spawn(|| loop {
             thread::park();

@@ -17,88 +17,61 @@
 use std::{
     fs::{File, OpenOptions},
     io::{BufRead, BufReader, Read},
-    os::{
-        fd::AsRawFd,
-        unix::fs::{FileTypeExt, MetadataExt},
-    },
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Instant,
 };
 
 use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use linger_tests::bench::{stand_in_device, Nice, Tracer};
 use nix::{
     libc,
     sys::{
         signal::{kill, Signal},
-        stat::{makedev, mknod, Mode, SFlag},
         wait::waitpid,
     },
     unistd::Pid,
 };
 use serde_json::{json, Value};
 
+/// Replay benchmark over a real recording; prints one JSON object on stdout.
+#[derive(Parser)]
+#[command(args_override_self = true)]
 struct Config {
-    linger: PathBuf,
+    #[command(flatten)]
+    tracer: Tracer,
+    #[command(flatten)]
+    nice: Nice,
+    /// The stand-in GPU device: a node for /dev/full, made if missing.
+    #[arg(long = "gpu-device", default_value = "target/bench/gpu0")]
     device: PathBuf,
+    /// GPU ioctls recorded in all.
+    #[arg(long, default_value_t = 1_000_000)]
     ioctls: u32,
+    /// GPU-holding children killed during the recording.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 20)]
     kills: u32,
+    /// Threads of each killed child.
+    #[arg(long, default_value_t = 8)]
     threads: u32,
+    /// Timed replays of each file.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     rounds: u32,
-    nice: Option<i32>,
-    out_dir: PathBuf,
-}
-
-fn parse_args() -> Result<Config> {
-    let mut config = Config {
-        linger: PathBuf::from("target/release/linger"),
-        device: PathBuf::from("target/bench/gpu0"),
-        ioctls: 1_000_000,
-        kills: 20,
-        threads: 8,
-        rounds: 3,
-        nice: None,
-        out_dir: std::env::temp_dir(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--linger" => config.linger = value.into(),
-            "--gpu-device" => config.device = value.into(),
-            "--ioctls" => config.ioctls = value.parse()?,
-            "--kills" => config.kills = value.parse()?,
-            "--threads" => config.threads = value.parse()?,
-            "--rounds" => config.rounds = value.parse()?,
-            "--nice" => config.nice = Some(value.parse()?),
-            "--out-dir" => config.out_dir = value.into(),
-            _ => bail!("unknown argument {flag}"),
-        }
-    }
-    ensure!(
-        config.kills > 0 && config.rounds > 0,
-        "--kills and --rounds must be positive"
-    );
-    Ok(config)
 }
 
 fn main() -> Result<()> {
-    let config = parse_args()?;
-    if let Some(nice) = config.nice {
-        // SAFETY: plain syscall on the calling thread (who = 0), no pointers.
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-        ensure!(rc == 0, "setpriority: {}", std::io::Error::last_os_error());
-    }
-    std::fs::create_dir_all(&config.out_dir)?;
+    let config = Config::parse();
+    config.nice.apply()?;
+    std::fs::create_dir_all(&config.tracer.out_dir)?;
     stand_in_device(&config.device)?;
     let mut formats = Vec::new();
     for (name, extra) in [("zstd-1", None), ("plain", Some("--uncompressed"))] {
-        let path = config.out_dir.join(format!("replay-{name}.lgr"));
+        let path = config.tracer.out_dir.join(format!("replay-{name}.lgr"));
         let recorded = record(&config, &path, extra)?;
         let mut replays = Vec::new();
-        let incidents = replay(&config.linger, &path, true)?.1;
+        let incidents = replay(&config.tracer.linger, &path, true)?.1;
         ensure!(
             incidents == u64::from(config.kills),
             "the replay of {} shows {incidents} incidents, {} kills were recorded",
@@ -106,7 +79,7 @@ fn main() -> Result<()> {
             config.kills
         );
         for _ in 0..config.rounds {
-            replays.push(replay(&config.linger, &path, false)?.0);
+            replays.push(replay(&config.tracer.linger, &path, false)?.0);
         }
         eprintln!(
             "{name}: {} records, {} bytes, recorder {:.0} ns CPU/record; replay {:?} s",
@@ -120,7 +93,7 @@ fn main() -> Result<()> {
             "record_command": recorded["command"],
             "replay_command": format!(
                 "{} replay {} --json > /dev/null",
-                config.linger.display(),
+                config.tracer.linger.display(),
                 path.display()
             ),
             "recording": recorded,
@@ -152,8 +125,8 @@ fn record(config: &Config, path: &Path, extra: Option<&str>) -> Result<Value> {
         "300s".into(),
     ];
     args.extend(extra.map(str::to_string));
-    let command = format!("{} {}", config.linger.display(), args.join(" "));
-    let mut linger = Command::new(&config.linger)
+    let command = format!("{} {}", config.tracer.linger.display(), args.join(" "));
+    let mut linger = Command::new(&config.tracer.linger)
         .args(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -285,26 +258,4 @@ fn cpu_s(pid: u32) -> Result<f64> {
             .context("parsing schedstat")?;
     }
     Ok(ns as f64 / 1e9)
-}
-
-/// Makes `path` a char device node for /dev/full (1:7), or checks that it is one.
-fn stand_in_device(path: &Path) -> Result<()> {
-    if let Ok(m) = std::fs::metadata(path) {
-        ensure!(
-            m.file_type().is_char_device() && m.rdev() == makedev(1, 7),
-            "{} exists and is not a node for /dev/full (char 1:7)",
-            path.display()
-        );
-        return Ok(());
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o600),
-        makedev(1, 7),
-    )
-    .with_context(|| format!("mknod {} (as root)", path.display()))
 }

@@ -28,6 +28,8 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use linger_tests::bench::Nice;
 use nix::{
     time::{clock_gettime, ClockId},
     unistd::getppid,
@@ -49,45 +51,36 @@ const CHUNK: u64 = 32;
 /// Ring of the syscall phase: large enough that a flat-out run never fills it.
 const SYSCALL_RING: u32 = 1 << 26;
 
+/// Ring buffer throughput benchmark; prints one JSON object on stdout.
+#[derive(Parser)]
+#[command(args_override_self = true)]
 struct Config {
+    /// decode, syscall or sweep.
+    #[arg(long, default_value = "sweep")]
     phase: String,
-    ring_sizes: Vec<u32>,
-    rates: Vec<Rate>,
+    /// Ring sizes in bytes, comma-separated (the sweep).
+    #[arg(long, value_parser = parse_ring_sizes, default_value = "262144,4194304")]
+    ring_sizes: RingSizes,
+    /// Rates, comma-separated: `M[@THREADS]`, M in millions of records per second or `max`.
+    #[arg(long, value_parser = parse_rates, default_value = "0.5,1,2,max")]
+    rates: Rates,
+    /// Seconds of one run.
+    #[arg(long, default_value_t = 0.4)]
     seconds: f64,
+    /// Rounds of the phase (the sweep: of every ring size and rate).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     rounds: u32,
-    nice: Option<i32>,
+    #[command(flatten)]
+    nice: Nice,
 }
 
+/// A list in one flag value (an alias, so that clap takes it as one value, not a repeat).
+type RingSizes = Vec<u32>;
+type Rates = Vec<Rate>;
+
 fn parse_args() -> Result<Config> {
-    let mut config = Config {
-        phase: "sweep".into(),
-        ring_sizes: vec![1 << 18, 1 << 22],
-        rates: parse_rates("0.5,1,2,max")?,
-        seconds: 0.4,
-        rounds: 3,
-        nice: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--phase" => config.phase = value,
-            "--ring-sizes" => {
-                config.ring_sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?
-            }
-            "--rates" => config.rates = parse_rates(&value)?,
-            "--seconds" => config.seconds = value.parse()?,
-            "--rounds" => config.rounds = value.parse()?,
-            "--nice" => config.nice = Some(value.parse()?),
-            _ => bail!("unknown argument {flag}"),
-        }
-    }
-    ensure!(
-        config.rounds > 0 && config.seconds > 0.0,
-        "--rounds and --seconds must be positive"
-    );
+    let config = Config::parse();
+    ensure!(config.seconds > 0.0, "--seconds must be positive");
     for &size in &config.ring_sizes {
         ensure!(
             size >= 4096 && size.is_power_of_two(),
@@ -97,7 +90,11 @@ fn parse_args() -> Result<Config> {
     Ok(config)
 }
 
-fn parse_rates(list: &str) -> Result<Vec<Rate>> {
+fn parse_ring_sizes(list: &str) -> Result<RingSizes> {
+    Ok(list.split(',').map(str::parse).collect::<Result<_, _>>()?)
+}
+
+fn parse_rates(list: &str) -> Result<Rates> {
     list.split(',').map(Rate::parse).collect()
 }
 
@@ -147,9 +144,8 @@ impl Rate {
 
 fn main() -> Result<()> {
     let config = parse_args()?;
-    if let Some(nice) = config.nice {
-        renice(nice)?;
-    }
+    // Per thread on Linux: the generator threads started later inherit it.
+    config.nice.apply()?;
     let out = match config.phase.as_str() {
         "decode" => decode_phase(&config)?,
         "syscall" => syscall_phase(&config)?,
@@ -157,18 +153,6 @@ fn main() -> Result<()> {
         other => bail!("unknown phase {other:?} (decode, syscall, sweep)"),
     };
     println!("{out}");
-    Ok(())
-}
-
-/// Renices this thread, and so every thread it starts later (niceness is per thread on Linux).
-fn renice(nice: i32) -> Result<()> {
-    // SAFETY: plain syscall on the calling thread (who = 0), no pointers.
-    let rc = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, nice) };
-    ensure!(
-        rc == 0,
-        "setpriority({nice}): {}",
-        std::io::Error::last_os_error()
-    );
     Ok(())
 }
 

@@ -31,8 +31,9 @@ mod workload;
 
 use std::{path::PathBuf, thread};
 
-use anyhow::{bail, ensure, Context, Result};
-use nix::libc;
+use anyhow::{bail, ensure, Result};
+use clap::Parser;
+use linger_tests::bench::{stand_in_device, Nice, Tracer};
 use serde_json::{json, Value};
 
 use bpfstats::Program;
@@ -70,56 +71,38 @@ impl Variant {
     }
 }
 
-#[derive(Clone)]
+/// Workload benchmark under `linger live`; prints one JSON object on stdout.
+#[derive(Clone, Parser)]
+#[command(args_override_self = true)]
 pub struct Config {
-    linger: PathBuf,
+    #[command(flatten)]
+    tracer: Tracer,
+    /// kill-threads, kill-exec, spawn-true, ioctl, ioctl-gpu, spin or dying.
+    #[arg(long, value_parser = Workload::parse, default_value = "kill-threads")]
     workload: Workload,
+    /// Workload iterations in one run.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 1000)]
     iterations: u32,
+    #[arg(long, default_value_t = 4)]
     threads: u32,
+    /// Rounds, each running every variant once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 12)]
     rounds: u32,
+    /// `base` or `live [LINGER LIVE ARGS]`, once per variant (default: base, live).
+    #[arg(long = "variant", value_parser = Variant::parse)]
     variants: Vec<Variant>,
-    nice: Option<i32>,
-    out_dir: PathBuf,
+    #[command(flatten)]
+    nice: Nice,
+    /// The stand-in GPU device: a node for /dev/full, made if missing.
+    #[arg(long)]
     gpu_device: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Config> {
-    let mut config = Config {
-        linger: PathBuf::from("target/release/linger"),
-        workload: Workload::KillThreads,
-        iterations: 1000,
-        threads: 4,
-        rounds: 12,
-        variants: Vec::new(),
-        nice: None,
-        out_dir: std::env::temp_dir(),
-        gpu_device: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--linger" => config.linger = value.into(),
-            "--workload" => config.workload = Workload::parse(&value)?,
-            "--iterations" => config.iterations = value.parse()?,
-            "--threads" => config.threads = value.parse()?,
-            "--rounds" => config.rounds = value.parse()?,
-            "--variant" => config.variants.push(Variant::parse(&value)?),
-            "--nice" => config.nice = Some(value.parse()?),
-            "--out-dir" => config.out_dir = value.into(),
-            "--gpu-device" => config.gpu_device = Some(value.into()),
-            _ => bail!("unknown argument {flag}"),
-        }
-    }
+    let mut config = Config::parse();
     if config.variants.is_empty() {
         config.variants = vec![Variant::Base, Variant::Live(Vec::new())];
     }
-    ensure!(
-        config.iterations > 0 && config.rounds > 0,
-        "--iterations and --rounds must be positive"
-    );
     ensure!(
         matches!(config.variants[0], Variant::Base) && config.variants.len() >= 2,
         "the first variant is the baseline (`base`), and at least one other is needed"
@@ -134,12 +117,11 @@ fn parse_args() -> Result<Config> {
 
 fn main() -> Result<()> {
     let config = parse_args()?;
-    std::fs::create_dir_all(&config.out_dir)?;
-    if let Some(nice) = config.nice {
-        renice(nice)?;
-    }
+    std::fs::create_dir_all(&config.tracer.out_dir)?;
+    // The process is single-threaded: the workload and the tracer it starts inherit it.
+    config.nice.apply()?;
     if let Some(device) = &config.gpu_device {
-        workload::stand_in_device(device)?;
+        stand_in_device(device)?;
     }
     let mut storm = Storm::new(&config)?;
     // Warm-up: page in the binaries and settle the allocator; not measured.
@@ -192,7 +174,7 @@ fn main() -> Result<()> {
         "workload": config.workload.name(),
         "iterations": config.iterations,
         "threads": config.threads,
-        "nice": config.nice,
+        "nice": config.nice.nice,
         "cpus": thread::available_parallelism().map_or(1, |n| n.get()),
         "kills_per_run": if config.workload.kills() { config.iterations } else { 0 },
         "parts": config.workload.parts(),
@@ -293,7 +275,7 @@ fn traced_run(
     events: bool,
     accounting: bool,
 ) -> Result<Traced> {
-    let out_path = config.out_dir.join(format!("storm-{name}.jsonl"));
+    let out_path = config.tracer.out_dir.join(format!("storm-{name}.jsonl"));
     let mut live_args: Vec<String> = args.to_vec();
     if let Some(device) = &config.gpu_device {
         live_args.push("--gpu-device".into());
@@ -302,12 +284,18 @@ fn traced_run(
     if events {
         live_args.push("--events".into());
     }
-    let traced = tracer::run_under(&config.linger, &live_args, &out_path, accounting, |pid| {
-        storm.set_tracer(Some(pid));
-        let run = storm.measured(config.iterations);
-        storm.set_tracer(None);
-        run
-    })?;
+    let traced = tracer::run_under(
+        &config.tracer.linger,
+        &live_args,
+        &out_path,
+        accounting,
+        |pid| {
+            storm.set_tracer(Some(pid));
+            let run = storm.measured(config.iterations);
+            storm.set_tracer(None);
+            run
+        },
+    )?;
     let want = if config.workload.kills() {
         u64::from(config.iterations)
     } else {
@@ -333,16 +321,4 @@ fn traced_run(
         );
     }
     Ok(traced)
-}
-
-/// Renices this (single-threaded) process; the children and the tracer it starts inherit it.
-fn renice(nice: i32) -> Result<()> {
-    // SAFETY: plain syscall on the calling thread (who = 0), no pointers.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    ensure!(
-        rc == 0,
-        "setpriority({nice}): {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
 }

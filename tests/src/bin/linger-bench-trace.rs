@@ -23,7 +23,9 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Result};
+use clap::Parser;
+use linger_tests::bench::Nice;
 use serde_json::{json, Value};
 use tracer_common as c;
 use tracer_user::{
@@ -85,44 +87,23 @@ fn records(n: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Trace file benchmark; prints one JSON object on stdout.
+#[derive(Parser)]
+#[command(args_override_self = true)]
 struct Config {
+    /// Kernel records in the file (at least 1000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..), default_value_t = 2_000_000)]
     events: u64,
+    /// Rounds, each writing the file again and reading it back.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     rounds: u32,
-    nice: Option<i32>,
-}
-
-fn parse_args() -> Result<Config> {
-    let mut config = Config {
-        events: 2_000_000,
-        rounds: 3,
-        nice: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--events" => config.events = value.parse()?,
-            "--rounds" => config.rounds = value.parse()?,
-            "--nice" => config.nice = Some(value.parse()?),
-            _ => bail!("unknown argument {flag}"),
-        }
-    }
-    ensure!(
-        config.events >= 1000 && config.rounds > 0,
-        "--events (at least 1000) and --rounds must be positive"
-    );
-    Ok(config)
+    #[command(flatten)]
+    nice: Nice,
 }
 
 fn main() -> Result<()> {
-    let config = parse_args()?;
-    if let Some(nice) = config.nice {
-        // SAFETY: plain syscall on the calling thread (who = 0), no pointers.
-        let rc = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, nice) };
-        ensure!(rc == 0, "setpriority: {}", std::io::Error::last_os_error());
-    }
+    let config = Config::parse();
+    config.nice.apply()?;
     let n = config.events;
     let records = records(n);
     let raw_bytes: usize = records.iter().map(Vec::len).sum();

@@ -4,11 +4,8 @@ use std::{
     fs::{File, OpenOptions},
     hint::black_box,
     io::{BufRead, BufReader},
-    os::{
-        fd::{AsFd, AsRawFd, OwnedFd},
-        unix::fs::{FileTypeExt, MetadataExt},
-    },
-    path::{Path, PathBuf},
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    path::PathBuf,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -19,7 +16,6 @@ use nix::{
     libc,
     sys::{
         signal::{kill, Signal},
-        stat::{makedev, mknod, Mode, SFlag},
         wait::{waitpid, WaitStatus},
     },
     unistd::{fork, getppid, pause, pipe, read, write, ForkResult, Pid},
@@ -102,32 +98,6 @@ impl Workload {
 
     pub fn needs_gpu(self) -> bool {
         matches!(self, Self::IoctlGpu | Self::Dying)
-    }
-}
-
-/// Makes `path` a char device node for /dev/full (1:7), or checks that it is one.
-pub fn stand_in_device(path: &Path) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) => {
-            ensure!(
-                m.file_type().is_char_device() && m.rdev() == makedev(1, 7),
-                "{} exists and is not a node for /dev/full (char 1:7)",
-                path.display()
-            );
-            Ok(())
-        }
-        Err(_) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            mknod(
-                path,
-                SFlag::S_IFCHR,
-                Mode::from_bits_truncate(0o600),
-                makedev(1, 7),
-            )
-            .with_context(|| format!("mknod {} (as root)", path.display()))
-        }
     }
 }
 
