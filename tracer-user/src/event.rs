@@ -58,6 +58,19 @@ pub struct Event {
     pub data: EventData,
 }
 
+impl Event {
+    /// An event of linger's own (a tick, an NVML reading, what /proc said): no task ran it.
+    pub fn collector(ts_ns: u64, data: EventData) -> Self {
+        Self {
+            ts_ns,
+            cpu: 0,
+            pid: 0,
+            tid: 0,
+            data,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventData {

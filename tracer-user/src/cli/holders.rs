@@ -66,13 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut holders = Holders::default();
     for data in procfs::snapshot(&devices, false) {
-        holders.on_event(&Event {
-            ts_ns: 0,
-            cpu: 0,
-            pid: 0,
-            tid: 0,
-            data,
-        });
+        holders.on_event(&Event::collector(0, data));
     }
     let (gpus, nvml_note) = match nvml::read_once() {
         Ok(gpus) => (gpus, None),

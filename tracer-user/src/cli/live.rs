@@ -144,13 +144,7 @@ pub fn trace(
     for reason in &strategy.reasons {
         debug!("driver hooks: {reason}");
     }
-    let strategy = Event {
-        ts_ns: boottime_ns(),
-        cpu: 0,
-        pid: 0,
-        tid: 0,
-        data: EventData::Strategy(strategy),
-    };
+    let strategy = Event::collector(boottime_ns(), EventData::Strategy(strategy));
     recorder.event(&strategy);
     let _ = report.on_event(&strategy);
     let devices = GpuDevices::discover(&args.gpu_devices)?;

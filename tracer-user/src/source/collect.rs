@@ -87,7 +87,7 @@ pub async fn run_tapped(
                 if let Some(loss) = source.poll_drops(now) {
                     push(&mut batch, tap, loss);
                 }
-                let tick = Event { ts_ns: now, cpu: 0, pid: 0, tid: 0, data: EventData::Tick };
+                let tick = Event::collector(now, EventData::Tick);
                 push(&mut batch, tap, tick);
             }
             _ = &mut deadline => break,

@@ -71,13 +71,7 @@ impl GpuSources {
         data.extend(snapshot);
         let startup = data
             .into_iter()
-            .map(|data| Event {
-                ts_ns: now,
-                cpu: 0,
-                pid: 0,
-                tid: 0,
-                data,
-            })
+            .map(|data| Event::collector(now, data))
             .collect();
         let awaited = Arc::new(AtomicBool::new(false));
         let nvml = nvml

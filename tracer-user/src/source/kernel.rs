@@ -97,13 +97,7 @@ impl KernelSource {
             return None;
         }
         self.drops_reported = total;
-        Some(Event {
-            ts_ns: now_ns,
-            cpu: 0,
-            pid: 0,
-            tid: 0,
-            data: EventData::Loss { count: new },
-        })
+        Some(Event::collector(now_ns, EventData::Loss { count: new }))
     }
 
     /// Records the kernel dropped since loading.

@@ -108,13 +108,7 @@ fn sample_loop(
         }
         last = Instant::now();
         let gpus = devices.iter().map(|(i, d)| read(*i, d)).collect();
-        let event = Event {
-            ts_ns: boottime_ns(),
-            cpu: 0,
-            pid: 0,
-            tid: 0,
-            data: EventData::Nvml { gpus },
-        };
+        let event = Event::collector(boottime_ns(), EventData::Nvml { gpus });
         if out.send(event).is_err() {
             return;
         }

@@ -102,9 +102,9 @@ impl<R: Read> Replay<R> {
                             continue;
                         }
                     },
-                    Ok(Record::Tick { ts_ns }) => collector_event(ts_ns, EventData::Tick),
+                    Ok(Record::Tick { ts_ns }) => Event::collector(ts_ns, EventData::Tick),
                     Ok(Record::Loss { ts_ns, count }) => {
-                        collector_event(ts_ns, EventData::Loss { count })
+                        Event::collector(ts_ns, EventData::Loss { count })
                     }
                     Ok(Record::Event(json)) => match serde_json::from_slice(json) {
                         Ok(e) => e,
@@ -178,16 +178,5 @@ impl<R: Read> Replay<R> {
     /// replay did not get that far.
     pub fn end(&self) -> Option<&EndSummary> {
         self.end.as_ref()
-    }
-}
-
-/// The collector's own events carry no task.
-fn collector_event(ts_ns: u64, data: EventData) -> Event {
-    Event {
-        ts_ns,
-        cpu: 0,
-        pid: 0,
-        tid: 0,
-        data,
     }
 }

@@ -26,16 +26,6 @@ fn item() -> impl Strategy<Value = Item> {
     ]
 }
 
-fn collector(ts_ns: u64, data: EventData) -> Event {
-    Event {
-        ts_ns,
-        cpu: 0,
-        pid: 0,
-        tid: 0,
-        data,
-    }
-}
-
 fn write(items: &[Item], options: WriterOptions) -> Vec<u8> {
     let meta = TraceMeta {
         host: "test".into(),
@@ -45,8 +35,8 @@ fn write(items: &[Item], options: WriterOptions) -> Vec<u8> {
     for item in items {
         match item {
             Item::Kernel(raw) => w.kernel(raw),
-            Item::Tick(t) => w.event(&collector(*t, EventData::Tick)),
-            Item::Loss(t, c) => w.event(&collector(*t, EventData::Loss { count: *c })),
+            Item::Tick(t) => w.event(&Event::collector(*t, EventData::Tick)),
+            Item::Loss(t, c) => w.event(&Event::collector(*t, EventData::Loss { count: *c })),
         }
     }
     w.finish(&"end").expect("in memory").0
