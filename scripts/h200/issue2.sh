@@ -26,20 +26,7 @@ sleep 2
   echo "== nvidia-smi"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv
   echo "== threads"; ls /proc/$HOLD/task | wc -l
 } > "$OUT/gpu-facts.txt" 2>&1
-python3 - "$HOLD" > "$OUT/kill-poll.txt" 2>&1 <<'PY'
-import os, sys, time, pynvml
-pid = int(sys.argv[1])
-pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
-used0 = pynvml.nvmlDeviceGetMemoryInfo(h).used
-t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-os.kill(pid, 9)
-while True:
-    used = pynvml.nvmlDeviceGetMemoryInfo(h).used
-    t = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    if used < used0 - (8 << 30) or t - t0 > 10e9:
-        break
-print(f"kill_boot_ns={t0} back_boot_ns={t} kill_to_back_ms={(t - t0) / 1e6:.3f} used_before={used0} used_after={used}")
-PY
+python3 scripts/h200/nvml_poll.py "$HOLD" 8 > "$OUT/kill-poll.txt" 2>&1
 wait "$HOLD" 2>/dev/null
 wait "$LIVE"
 echo "live rc=$?" >> "$OUT/live-16g.err"
