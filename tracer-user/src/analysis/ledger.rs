@@ -16,9 +16,6 @@ use tracer_common::driver::{
 use super::holders::FileId;
 use crate::event::{Event, EventData};
 
-/// (client, handle): an RM object's identity.
-type ObjectKey = (u32, u32);
-
 #[derive(Clone, Debug)]
 struct Object {
     parent: u32,
@@ -59,7 +56,8 @@ pub struct FailedAlloc {
 
 #[derive(Default)]
 pub struct Ledger {
-    objects: HashMap<ObjectKey, Object>,
+    /// Live objects by client, then handle: a client goes (or is scanned) as a whole.
+    objects: HashMap<u32, HashMap<u32, Object>>,
     /// Client handle → the file whose ioctl created it.
     clients: HashMap<u32, FileId>,
     failed: Vec<FailedAlloc>,
@@ -104,8 +102,8 @@ impl Ledger {
                     self.clients.insert(*h_object, *file);
                 }
                 self.clients.entry(*h_root).or_insert(*file);
-                self.objects.insert(
-                    (*h_root, *h_object),
+                self.objects.entry(*h_root).or_default().insert(
+                    *h_object,
                     Object {
                         parent: *h_parent,
                         class: *h_class,
@@ -122,18 +120,21 @@ impl Ledger {
     /// client handle itself).
     fn free(&mut self, client: u32, handle: u32) {
         if handle == client {
-            self.objects.retain(|(c, _), _| *c != client);
+            self.objects.remove(&client);
             self.clients.remove(&client);
             return;
         }
+        let Some(objects) = self.objects.get_mut(&client) else {
+            return;
+        };
         let mut doomed = vec![handle];
         while let Some(h) = doomed.pop() {
-            self.objects.remove(&(client, h));
+            objects.remove(&h);
             doomed.extend(
-                self.objects
+                objects
                     .iter()
-                    .filter(|((c, _), o)| *c == client && o.parent == h)
-                    .map(|((_, child), _)| *child),
+                    .filter(|(_, o)| o.parent == h)
+                    .map(|(child, _)| *child),
             );
         }
     }
@@ -154,8 +155,8 @@ impl Ledger {
     fn live_of<'a>(&'a self, files: &'a [FileId]) -> impl Iterator<Item = &'a Object> + 'a {
         self.objects
             .iter()
-            .filter(move |((c, _), _)| self.clients.get(c).is_some_and(|f| files.contains(f)))
-            .map(|(_, o)| o)
+            .filter(move |(c, _)| self.clients.get(c).is_some_and(|f| files.contains(f)))
+            .flat_map(|(_, objects)| objects.values())
     }
 
     /// Live allocations of the clients created through `files`.
