@@ -89,18 +89,23 @@ impl Live {
 
     /// Everything printed until the incident of `pid` appears (events included).
     fn until_incident(&self, pid: u32) -> (Value, Vec<Value>) {
+        self.until("incident", pid)
+    }
+
+    /// Everything printed until a record of `record_type` about `pid` appears.
+    fn until(&self, record_type: &str, pid: u32) -> (Value, Vec<Value>) {
         let deadline = Instant::now() + Duration::from_secs(15);
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             let Ok(v) = self.lines.recv_timeout(left) else {
                 break;
             };
-            if v["type"] == "incident" && v["target"]["pid"] == pid {
+            if v["type"] == record_type && v["target"]["pid"] == pid {
                 return (v, seen);
             }
             seen.push(v);
         }
-        panic!("no incident for pid {pid}");
+        panic!("no {record_type} for pid {pid}");
     }
 }
 
@@ -235,11 +240,11 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
     let mut s = Scenario::start(&device, "fork-holder");
     let (parent, child) = (s.pids[0], s.pids[1]);
     s.kill();
-    // The parent is dead; its file lives on in the child until the child is killed too.
-    thread::sleep(Duration::from_millis(300));
-    let t_child_kill = Instant::now();
-    kill(child);
-    let (incident, events) = live.until_incident(parent);
+    // The parent is dead; its file lives on in the child, and linger says so at once: the
+    // incident comes while the child still holds it.
+    let (incident, mut events) = live.until_incident(parent);
+    assert!(incident["gpu"]["t_memory_back_ns"].is_null(), "{incident}");
+    assert_eq!(incident["verdict"]["kind"], "shared_fd", "{incident}");
     let holders = incident["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 1, "{incident}");
     assert_eq!(holders[0]["pid"], child);
@@ -249,17 +254,32 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
     );
     assert_eq!(holders[0]["how"], "fork");
     assert_eq!(holders[0]["from"], parent);
+    // Its own release of the files was its exit, long before the child's.
     let dead = incident["t_group_dead_ns"].as_u64().expect("group died");
-    let released = incident["gpu"]["t_files_released_ns"]
+    let own = incident["gpu"]["t_files_released_ns"]
         .as_u64()
         .expect("released");
+    assert!(own >= dead, "{incident}");
+    thread::sleep(Duration::from_millis(300));
+    let t_child_kill = Instant::now();
+    kill(child);
+    // Without NVML, the memory is back by the kernel's account when its last holder let go.
+    let (update, more) = live.until("incident_update", parent);
+    let earlier = more
+        .iter()
+        .find(|v| v["type"] == "incident" && v["target"]["pid"] == child)
+        .cloned();
+    events.extend(more);
+    let back = update["gpu"]["t_memory_back_ns"].as_u64().expect("back");
+    assert_eq!(update["gpu"]["memory_back_by"], "kernel", "{update}");
     assert!(
-        released > dead + 200_000_000,
-        "released only when the child died: {incident}"
+        back > dead + 300_000_000,
+        "back only when the child died: {update}"
     );
+    assert_eq!(update["holders"][0]["t_released_ns"].as_u64(), Some(back));
     // The child's own death shows the same open file, now with nobody else holding it.
     let child_exit = fd_events(&events, child);
-    let (incident_child, _) = live.until_incident(child);
+    let incident_child = earlier.unwrap_or_else(|| live.until_incident(child).0);
     assert!(t_child_kill.elapsed() < Duration::from_secs(15));
     assert_eq!(incident_child["holders"].as_array().map(Vec::len), Some(0));
     let parent_file = incident["gpu"]["files"][0]["file"].clone();

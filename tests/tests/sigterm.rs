@@ -1,5 +1,6 @@
 //! SIGTERM to a multi-threaded child: without a handler it kills the group, with one the process
-//! lives on or exits by itself. The incident must follow what the child really did.
+//! lives on or exits by itself. The records must follow what the child really did: an incident
+//! for each death (mode `term`), a `signal` record for a signal it survived.
 
 use std::{collections::BTreeSet, os::unix::process::ExitStatusExt};
 
@@ -14,19 +15,18 @@ struct Traced {
     incident: Value,
 }
 
-/// SIGTERMs a 3-thread `__target --on-term ON_TERM` under `linger live`, reaping it unless it
-/// survives, and returns its incident.
+/// SIGTERMs a 3-thread `__target --on-term ON_TERM` under `linger live`, reaping it, and
+/// returns its incident.
 fn sigterm(on_term: &str, survive_after: &str) -> Traced {
     require_root();
     let mut target = Target::start(3, on_term);
     let tids = target.tids();
     let live = Live::watch(target.pid, survive_after);
     target.child.signal(Signal::SIGTERM);
-    if on_term != "survive" {
-        target.child.wait();
-    }
+    target.child.wait();
     let incident = live.finish().incident_of(target.pid).clone();
     assert_eq!(text(&incident, "/signal_name"), "SIGTERM");
+    assert_eq!(text(&incident, "/termination/mode"), "term");
     assert_eq!(num(&incident, "/sender/pid"), u64::from(std::process::id()));
     assert_eq!(
         num(&incident, "/target/threads"),
@@ -79,26 +79,45 @@ fn sigterm_without_handler_kills_the_group() {
 }
 
 #[test]
-fn sigterm_with_handler_survives() {
-    let mut t = sigterm("survive", "500ms");
-    let inc = &t.incident;
-    assert_eq!(text(inc, "/outcome"), "survived");
-    assert_eq!(deliveries(inc), [(15, "handler")], "{inc:#}");
+fn sigterm_with_handler_survives_and_is_reported_at_once() {
+    require_root();
+    let mut target = Target::start(3, "survive");
+    let live = Live::start([
+        "--json",
+        "--pid",
+        &target.pid.to_string(),
+        "--duration",
+        "3s",
+        "--survive-after",
+        "500ms",
+    ]);
+    target.child.signal(Signal::SIGTERM);
+    let out = live.finish();
+    assert!(out.status.success(), "{out:#?}");
     assert!(
-        num(inc, "/deliveries/0/t_ns") >= num(inc, "/t_signal_ns"),
-        "{inc:#}"
+        out.of_type("incident").is_empty(),
+        "no death, no incident: {out:#?}"
     );
-    assert!(inc["t_group_dead_ns"].is_null(), "{inc:#}");
-    assert!(list(inc, "/exits").is_empty(), "{inc:#}");
-    assert!(inc["reaper"].is_null(), "{inc:#}");
+    let notices = out.of_type("signal");
+    assert_eq!(notices.len(), 1, "{out:#?}");
+    let n = notices[0];
+    assert_eq!(num(n, "/target/pid"), u64::from(target.pid));
+    assert_eq!(text(n, "/signal/name"), "SIGTERM");
+    assert_eq!(text(n, "/signal/action"), "handler");
+    assert_eq!(num(n, "/signal/sender/pid"), u64::from(std::process::id()));
+    // Reported once the survive window passed, not at the end of the escalation window.
+    assert!(
+        (500_000_000..3_000_000_000).contains(&num(n, "/survived_ns")),
+        "{n:#}"
+    );
     // The child agrees: it ran its handler and is still alive.
     assert_eq!(
-        t.target.stdout.next_line().as_deref(),
+        target.stdout.next_line().as_deref(),
         Some("survived SIGTERM")
     );
-    assert!(t.target.child.0.try_wait().expect("try_wait").is_none());
-    t.target.child.signal(Signal::SIGKILL);
-    t.target.child.wait();
+    assert!(target.child.0.try_wait().expect("try_wait").is_none());
+    target.child.signal(Signal::SIGKILL);
+    target.child.wait();
 }
 
 #[test]

@@ -22,6 +22,7 @@ pub enum Kind {
     TeardownSample = 10,
     KthreadWakeup = 11,
     DriverCall = 13,
+    OomVictim = 14,
     /// Emitted only by the benchmark program to measure ring buffer throughput.
     BenchTick = 100,
 }
@@ -41,6 +42,7 @@ impl Kind {
             10 => Self::TeardownSample,
             11 => Self::KthreadWakeup,
             13 => Self::DriverCall,
+            14 => Self::OomVictim,
             100 => Self::BenchTick,
             _ => return None,
         })
@@ -220,12 +222,13 @@ pub struct GpuIoctl {
     /// hRoot / hClient.
     pub h_root: u32,
     pub h_parent: u32,
-    /// The new, freed or mapped object.
+    /// The new, freed, mapped or shared object.
     pub h_object: u32,
+    /// The class of a new object; for RM_DUP_OBJECT the duplicated object (hObjectSrc).
     pub h_class: u32,
     /// NV_STATUS written back by the driver (0 = NV_OK, 0x51 = NV_ERR_NO_MEMORY).
     pub status: u32,
-    /// RM_CONTROL's command.
+    /// RM_CONTROL's command; for RM_DUP_OBJECT the source client (hClientSrc).
     pub ctrl_cmd: u32,
     /// Bytes: NV_MEMORY_ALLOCATION_PARAMS.size for memory classes, limit + 1 for
     /// RM_ALLOC_MEMORY, the length for RM_MAP_MEMORY.
@@ -339,6 +342,58 @@ pub struct DriverCall {
     pub duration_ns: u64,
 }
 
+/// The kernel's OOM killer chose `pid` (tracepoint oom/mark_victim); its SIGKILL follows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OomVictim {
+    pub pid: u32,
+    pub _pad: u32,
+}
+
+/// Slots of the per-CPU loss counter map: slot 0 counts records that did not fit in the ring
+/// buffer, the others map inserts that failed because the map was full (what was then not
+/// followed). Stable numbers.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    Ring = 0,
+    /// A signalled process or a dead GPU holder: its threads' exits and its reap.
+    Tracked = 1,
+    /// A GPU holder: its ioctls, closes and exit walk.
+    Holders = 2,
+    /// An ioctl under way: its decoded record.
+    Ioctls = 3,
+    /// A dying GPU process: its stack samples.
+    Dying = 4,
+    /// A sleeping thread of a dying process: the sleep's length.
+    Blocked = 5,
+    /// A driver kthread woken by a dying process: its samples.
+    Helpers = 6,
+    /// An fcntl dup under way: the new descriptor.
+    FcntlDup = 7,
+    /// A kernel stack that did not fit in the stack map.
+    Stacks = 8,
+}
+
+impl Loss {
+    pub const COUNT: u32 = 9;
+
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Self::Ring,
+            1 => Self::Tracked,
+            2 => Self::Holders,
+            3 => Self::Ioctls,
+            4 => Self::Dying,
+            5 => Self::Blocked,
+            6 => Self::Helpers,
+            7 => Self::FcntlDup,
+            8 => Self::Stacks,
+            _ => return None,
+        })
+    }
+}
+
 /// Filler record of a typical size, written only by the benchmark program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -369,7 +424,15 @@ macro_rules! payloads {
         $(impl Payload for $t { const KIND: Kind = Kind::$t; const WAKE: bool = $wake; })*
     };
 }
-payloads!(true: SignalGenerate, SignalDeliver, TaskExit, Reap, KthreadWakeup, BenchTick);
+payloads!(
+    true: SignalGenerate,
+    SignalDeliver,
+    TaskExit,
+    Reap,
+    KthreadWakeup,
+    OomVictim,
+    BenchTick
+);
 payloads!(
     false: ProcessFork,
     ProcessExec,

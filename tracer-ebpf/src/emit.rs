@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{Header, Payload, Record};
+use tracer_common::{Header, Loss, Payload, Record};
 
 /// `bpf_ringbuf_submit` flag: do not notify the consumer.
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -16,18 +16,30 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
-/// Records that did not fit in `EVENTS`, per CPU, at index 0.
+/// What the programs could not record, per CPU, by [`Loss`] slot: records that did not fit in
+/// `EVENTS`, and map inserts that failed because a map was full.
 #[map]
-pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
 
-/// Thread groups that received a fatal signal and are not reaped yet: their thread exits,
-/// signal deliveries and SIGCHLD to the parent are recorded. Value: unused.
+/// Thread groups that received a fatal signal, and GPU holders whose group died, until they are
+/// freed: their thread exits, signal deliveries, SIGCHLD to the parent and reap are recorded.
+/// Value: unused.
 #[map]
 pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
 pub fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is a plain byte we never hold a reference to beyond this call.
     unsafe { TRACKED.get(tgid).is_some() }
+}
+
+/// Follows `tgid`'s thread exits, SIGCHLD and reap from now on; false (and counted) when the
+/// map is full.
+pub fn track(tgid: u32) -> bool {
+    let ok = TRACKED.insert(tgid, 0, 0).is_ok();
+    if !ok {
+        count_loss(Loss::Tracked);
+    }
+    ok
 }
 
 /// CLOCK_BOOTTIME, the clock of every record.
@@ -64,7 +76,7 @@ pub fn emit_at<T: Payload>(ts_ns: u64, fill: impl FnOnce(&mut T)) {
 #[inline(always)]
 fn emit_full<T: Payload>(wake: bool, ts_ns: Option<u64>, fill: impl FnOnce(&mut T)) {
     let Some(mut entry) = EVENTS.reserve::<Record<T>>(0) else {
-        count_drop();
+        count_loss(Loss::Ring);
         return;
     };
     let (pid, tid) = current_ids();
@@ -119,8 +131,9 @@ fn submit_flags(wake: bool) -> u64 {
     0
 }
 
-fn count_drop() {
-    if let Some(n) = DROPS.get_ptr_mut(0) {
+/// Counts one thing the programs could not record.
+pub fn count_loss(what: Loss) {
+    if let Some(n) = DROPS.get_ptr_mut(what as u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU while we run.
         unsafe { *n += 1 };
     }

@@ -7,10 +7,10 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use tracer_common::{FdOp, GpuCloseRange, GpuFd, FD_CLOEXEC, FD_WALK_TRUNCATED};
+use tracer_common::{FdOp, GpuCloseRange, GpuFd, Loss, FD_CLOEXEC, FD_WALK_TRUNCATED};
 
 use crate::{
-    emit::{current_ids, emit},
+    emit::{count_loss, current_ids, emit},
     task::{file_dev, file_refcount, FdTable, Task},
 };
 
@@ -49,6 +49,13 @@ pub fn is_gpu_dev(dev: u32) -> bool {
 pub fn is_holder(tgid: u32) -> bool {
     // SAFETY: as above.
     unsafe { HOLDERS.get(tgid).is_some() }
+}
+
+/// Marks `tgid` a GPU holder; a full map is counted (its GPU work then goes unseen).
+pub fn add_holder(tgid: u32) {
+    if HOLDERS.insert(tgid, 0, 0).is_err() {
+        count_loss(Loss::Holders);
+    }
 }
 
 pub fn current() -> Task {
@@ -111,7 +118,7 @@ fn installed(op: FdOp, fd: u32) {
         return;
     }
     if let Some((fdt, file, dev)) = gpu_file_at(fd) {
-        let _ = HOLDERS.insert(current_ids().0, 0, 0);
+        add_holder(current_ids().0);
         emit_fd(op, fd, fdt, file, dev, 0);
     }
 }
@@ -125,8 +132,8 @@ pub fn fcntl_enter(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: offset of `cmd` in the stable sys_enter_fcntl format.
     let cmd = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(u64::MAX);
-    if cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC {
-        let _ = FCNTL_DUP.insert(tid, 0, 0);
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && FCNTL_DUP.insert(tid, 0, 0).is_err() {
+        count_loss(Loss::FcntlDup);
     }
     0
 }

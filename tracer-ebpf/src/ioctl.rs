@@ -11,13 +11,13 @@ use tracer_common::{
     driver::{
         has_memory_allocation_params, ioc_nr, ioc_size, ioc_type, IOCTL_XFER_CMD,
         MEMORY_ALLOCATION_SIZE_OFFSET, NVIDIA_MAJOR, NVOS21_SIZE, NVOS64_SIZE, NV_IOCTL_MAGIC,
-        RM_ALLOC, RM_ALLOC_MEMORY, RM_CONTROL, RM_DUP_OBJECT, RM_FREE, RM_MAP_MEMORY,
+        RM_ALLOC, RM_ALLOC_MEMORY, RM_CONTROL, RM_DUP_OBJECT, RM_FREE, RM_MAP_MEMORY, RM_SHARE,
     },
-    GpuIoctl,
+    GpuIoctl, Loss,
 };
 
 use crate::{
-    emit::{current_ids, emit, now_ns},
+    emit::{count_loss, current_ids, emit, now_ns},
     files::{gpu_file_at, is_holder},
 };
 
@@ -65,7 +65,9 @@ pub fn ioctl_enter(ctx: TracePointContext) -> u32 {
         cmd: cmd as u32,
         dev,
     };
-    let _ = IN_FLIGHT.insert(tid, call, 0);
+    if IN_FLIGHT.insert(tid, call, 0).is_err() {
+        count_loss(Loss::Ioctls);
+    }
     0
 }
 
@@ -154,7 +156,14 @@ fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
             let [client, parent, object, src_client] = user::<[u32; 4]>(params);
             (e.h_root, e.h_parent, e.h_object) = (client, parent, object);
             e.ctrl_cmd = src_client;
+            e.h_class = user::<u32>(params + 16);
             e.status = user::<u32>(params + 24);
+        }
+        RM_SHARE => {
+            // NVOS57: hClient, hObject, sharePolicy{type, action, ...}, status@20.
+            let [client, object] = user::<[u32; 2]>(params);
+            (e.h_root, e.h_object) = (client, object);
+            e.status = user::<u32>(params + 20);
         }
         _ => {}
     }

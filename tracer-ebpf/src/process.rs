@@ -5,13 +5,15 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use tracer_common::{FdOp, ProcessExec, ProcessFork, Reap, ReapHow, TaskExit, FORK_FILES_SHARED};
+use tracer_common::{
+    FdOp, OomVictim, ProcessExec, ProcessFork, Reap, ReapHow, TaskExit, FORK_FILES_SHARED,
+};
 
 use crate::{
-    emit::{emit, emit_waking, is_tracked, TRACKED},
-    files::{is_holder, walk, HOLDERS},
+    emit::{emit, emit_waking, is_tracked, track, TRACKED},
+    files::{add_holder, is_holder, walk, HOLDERS},
     task::Task,
-    teardown::stop_dying,
+    teardown::{start_dying, stop_dying},
 };
 
 /// tp_btf sched_process_fork(struct task_struct *parent, struct task_struct *child).
@@ -26,7 +28,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     }
     if is_holder(parent.tgid()) {
         // The child got a copy (or a share) of the parent's descriptors, GPU files included.
-        let _ = HOLDERS.insert(child_pid, 0, 0);
+        add_holder(child_pid);
     }
     let shared = parent.files_ptr() == child.files_ptr();
     emit::<ProcessFork>(|e| {
@@ -61,6 +63,10 @@ fn task_exit(task: Task, group_dead: bool) {
         // when it died, and each file's references, tell who else keeps the memory.
         walk(task, FdOp::HeldAtExit);
         let _ = HOLDERS.remove(tgid);
+        // Its files are released before it becomes a zombie: follow it to its SIGCHLD and
+        // reap, signalled or not, and sample its teardown.
+        track(tgid);
+        start_dying(tgid);
     }
     // Exits of processes nobody signalled only keep the process table: no need to wake.
     emit_waking::<TaskExit>(is_tracked(tgid), |e| {
@@ -114,6 +120,15 @@ pub fn process_free(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     reaped(pid, ReapHow::Freed);
+    0
+}
+
+/// Tracepoint oom/mark_victim: pid@8. The OOM killer's SIGKILL to that process follows.
+#[tracepoint(category = "oom", name = "mark_victim")]
+pub fn oom_victim(ctx: TracePointContext) -> i32 {
+    // SAFETY: offset of `pid` in the stable mark_victim format.
+    let pid = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(0);
+    emit::<OomVictim>(|e| e.pid = pid as u32);
     0
 }
 

@@ -9,7 +9,7 @@ use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
-    emit::{current_ids, emit, is_tracked, TRACKED},
+    emit::{current_ids, emit, is_tracked, track},
     files::is_holder,
     task::Task,
     teardown::start_dying,
@@ -63,7 +63,7 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
             // Its teardown is what the stack sampling is for.
             start_dying(target_pid);
         }
-        if TRACKED.insert(target_pid, 0, 0).is_err() {
+        if !track(target_pid) {
             warn!(
                 &ctx,
                 "tracked-process map full: threads of pid {} are not followed", target_pid

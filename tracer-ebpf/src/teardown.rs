@@ -7,10 +7,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, StackTrace},
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
 };
-use tracer_common::{KthreadWakeup, SampleKind, TeardownSample};
+use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
 
 use crate::{
-    emit::{current_ids, emit, now_ns},
+    emit::{count_loss, current_ids, emit, now_ns},
     task::Task,
 };
 
@@ -49,8 +49,8 @@ fn anyone_dying() -> bool {
 
 pub fn start_dying(tgid: u32) {
     // SAFETY: existence check only.
-    if unsafe { DYING.get(tgid) }.is_none() {
-        let _ = DYING.insert(tgid, now_ns(), 0);
+    if unsafe { DYING.get(tgid) }.is_none() && DYING.insert(tgid, now_ns(), 0).is_err() {
+        count_loss(Loss::Dying);
     }
     if let Some(hint) = DYING_HINT.get_ptr_mut(0) {
         // SAFETY: a valid map value; a plain store is atomic for a u32.
@@ -83,7 +83,13 @@ fn owner_of(tgid: u32, tid: u32) -> Option<u32> {
 const TASK_DEAD: u32 = 0x80;
 
 fn stack_id<C: StackIdContext>(ctx: &C) -> i32 {
-    ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32)
+    match ctx.get_stackid(&STACKS, 0) {
+        Ok(id) => id as i32,
+        Err(_) => {
+            count_loss(Loss::Stacks);
+            -1
+        }
+    }
 }
 
 #[perf_event]
@@ -119,15 +125,14 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
         if let Some(owner) = owner_of(tgid, tid) {
             let stack_id = stack_id(&ctx);
             let since = now_ns();
-            let _ = BLOCKED.insert(
-                tid,
-                Blocked {
-                    since,
-                    stack_id,
-                    owner,
-                },
-                0,
-            );
+            let blocked = Blocked {
+                since,
+                stack_id,
+                owner,
+            };
+            if BLOCKED.insert(tid, blocked, 0).is_err() {
+                count_loss(Loss::Blocked);
+            }
             emit::<TeardownSample>(|e| {
                 e.kind = SampleKind::BlockStart as u32;
                 e.stack_id = stack_id;
@@ -170,7 +175,9 @@ pub fn teardown_wakeup(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let kthread_tid = woken.pid();
-    let _ = HELPERS.insert(kthread_tid, owner, 0);
+    if HELPERS.insert(kthread_tid, owner, 0).is_err() {
+        count_loss(Loss::Helpers);
+    }
     emit::<KthreadWakeup>(|e| {
         e.kthread_tid = kthread_tid;
         e.owner = owner;

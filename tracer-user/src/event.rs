@@ -188,9 +188,20 @@ pub enum EventData {
     Nvml {
         gpus: Vec<NvmlGpu>,
     },
-    /// The kernel dropped this many records because the ring buffer was full.
+    /// The kernel could not record this many things since the last report: records that did
+    /// not fit in the ring buffer, or map inserts that failed (`what`).
     Loss {
         count: u64,
+        #[serde(default)]
+        what: LossKind,
+    },
+    /// The kernel's OOM killer chose `pid`; its SIGKILL follows.
+    OomVictim {
+        pid: u32,
+    },
+    /// The collector itself (written once at start): its process is never an incident.
+    Collector {
+        pid: u32,
     },
     /// The collector's clock advanced: lets time-based decisions replay exactly.
     Tick,
@@ -212,6 +223,50 @@ pub enum EventData {
     },
     /// How driver teardown is watched (written once at start).
     Strategy(Strategy),
+}
+
+/// What the kernel side lost (see `tracer_common::Loss`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// Records that did not fit in the ring buffer.
+    #[default]
+    Ring,
+    /// Processes to follow to their exit and reap (tracked-process map full).
+    Tracked,
+    /// GPU holders (holder map full): their ioctls, closes and exit walk.
+    Holders,
+    /// ioctls under way (their decoded records).
+    Ioctls,
+    /// Dying GPU processes (their stack samples).
+    Dying,
+    /// Sleeps of dying processes' threads.
+    Blocked,
+    /// Driver kthreads working for a dying process.
+    Helpers,
+    /// fcntl dups under way.
+    FcntlDup,
+    /// Kernel stacks (stack map full).
+    Stacks,
+}
+
+impl From<tracer_common::Loss> for LossKind {
+    fn from(l: tracer_common::Loss) -> Self {
+        use tracer_common::Loss as K;
+        match l {
+            K::Ring => Self::Ring,
+            K::Tracked => Self::Tracked,
+            K::Holders => Self::Holders,
+            K::Ioctls => Self::Ioctls,
+            K::Dying => Self::Dying,
+            K::Blocked => Self::Blocked,
+            K::Helpers => Self::Helpers,
+            K::FcntlDup => Self::FcntlDup,
+            K::Stacks => Self::Stacks,
+        }
+    }
 }
 
 /// A function on a GPU file's release path (see `tracer_common::DriverFunc`).

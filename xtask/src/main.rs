@@ -49,10 +49,17 @@ fn main() -> anyhow::Result<()> {
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Test { args } => test::run(&args),
-        Command::Vm { console } => match console {
-            Some(path) => vm::check_saved(&path),
-            None => vm::run(),
-        },
+        Command::Vm { console } => {
+            let (passed, failed) = match console {
+                Some(path) => vm::check_saved(&path)?,
+                None => vm::run()?,
+            };
+            eprintln!("xtask vm: {passed} passed, {failed} failed");
+            if failed > 0 {
+                anyhow::bail!("{failed} VM check(s) failed");
+            }
+            Ok(())
+        }
         Command::Bench(args) => bench::run(args),
     }
 }

@@ -37,14 +37,15 @@ const GUEST_LIMIT: Duration = Duration::from_secs(600);
 /// What marks the guest's result lines on the console.
 const MARK: &str = "LINGER-VM ";
 
-pub fn run() -> Result<()> {
+/// Boots the VM and runs its checks: (passed, failed).
+pub fn run() -> Result<(u64, u64)> {
     if env::consts::ARCH != "x86_64" {
         eprintln!(
             "xtask vm: SKIPPED: the test VM boots Debian's amd64 kernel with \
              qemu-system-x86_64, which cannot run on this {} host",
             env::consts::ARCH
         );
-        return Ok(());
+        return Ok((0, 0));
     }
     ensure_packages()?;
     let kernel = stock_kernel()?;
@@ -64,7 +65,7 @@ pub fn run() -> Result<()> {
 }
 
 /// Runs the checks over a console log saved by an earlier run.
-pub fn check_saved(path: &Path) -> Result<()> {
+pub fn check_saved(path: &Path) -> Result<(u64, u64)> {
     let console =
         fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     checks::run(&console)

@@ -11,7 +11,7 @@
 //! Generator threads of this process call getppid() in a loop, flat out or paced to a target
 //! rate; the eBPF program `bench_tick` (attached with `bench_pid` = this process) writes one
 //! 56-byte record per call. The main thread drains the ring as the live collector does
-//! (`readable()`, `drain()`, `poll_drops()` every `TICK`) and counts the records. A rate is
+//! (`readable()`, `drain()`, `poll_losses()` every `TICK`) and counts the records. A rate is
 //! `M[@THREADS]`: millions of records per second in all (or `max`, flat out), from THREADS
 //! generator threads (default 1). `--nice` renices the process first, ahead of unrelated work on
 //! a shared machine. Prints one JSON object on stdout; `cargo xtask bench` turns it
@@ -425,7 +425,7 @@ fn measure(runtime: &Runtime, source: &mut KernelSource, rate: Rate, seconds: f6
     let mut batch = Vec::with_capacity(1024);
     source.drain(&mut batch);
     batch.clear();
-    let _ = source.poll_drops(boottime_ns());
+    let _ = source.poll_losses(boottime_ns());
     let irq_work0 = irq_work_interrupts();
     let running = Arc::new(AtomicUsize::new(rate.threads as usize));
     let per_thread = rate.per_s.map(|r| r / f64::from(rate.threads));
@@ -530,7 +530,7 @@ async fn consume(
                 finished = running.load(Ordering::Acquire) == 0;
                 let start = Instant::now();
                 source.drain(&mut batch);
-                batch.extend(source.poll_drops(boottime_ns()));
+                batch.extend(source.poll_losses(boottime_ns()));
                 start
             }
         };
@@ -540,7 +540,7 @@ async fn consume(
         for event in batch.drain(..) {
             match event.data {
                 EventData::BenchTick if event.pid == me => counts.events += 1,
-                EventData::Loss { count } => counts.drops += count,
+                EventData::Loss { count, .. } => counts.drops += count,
                 _ => counts.other += 1,
             }
         }

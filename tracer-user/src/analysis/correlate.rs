@@ -1,24 +1,39 @@
 //! The incident state machine. Pure: time comes only from the events (including the
-//! collector's ticks), so a replay of the same events yields the same incidents.
+//! collector's ticks), so a replay of the same events yields the same records.
+//!
+//! One case per process death: it opens at the first fatal signal (or at the death of a GPU
+//! holder nobody signalled), collects every signal until the process dies, and, for GPU
+//! holders, stays open until the memory is back. It is reported as soon as there is something
+//! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
+//! changes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{
-    holders::{FileId, Holders},
+    holders::{FileId, Holder, Holders},
     incident::{
-        Action, Delivery, ExitStatus, GpuImpact, Incident, Outcome, ReapHow, Reaper, Sender,
-        Target, ThreadExit,
+        Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
+        ThreadExit,
     },
     ledger::Ledger,
-    signals::{self, Origin, SIGCHLD, SIGKILL},
+    losses::LossLog,
+    memory::{Change, MemoryBook, Role},
+    notice::SignalNotice,
+    signals::{SIGCHLD, SIGKILL},
+    snapshot,
+    storm::{StormLog, Teardown},
     teardown::{DriverSpan, TeardownLog},
-    verdict,
+    termination::{self, SignalSent},
 };
-use crate::event::{Event, EventData, NvmlGpu};
+use crate::event::{DriverFunc, Event, EventData, NvmlGpu};
 
-const SIGSTOP: u32 = 19;
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
 const RESULT_IGNORED: i32 = 1;
+/// A dead process with memory held elsewhere is reported once reaped, or this long after its
+/// death when nobody reaps it.
+const HELD_REPORT_NS: u64 = 50_000_000;
+/// How long after a teardown's own release NVML's readings may still be catching up.
+const IN_FLIGHT_NS: u64 = 200_000_000;
 
 /// Stored in trace files (as the replay's defaults), so it serializes.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,15 +43,18 @@ pub struct CorrelatorConfig {
     pub pids: Vec<u32>,
     /// Only incidents whose target has one of these comms (empty: all).
     pub comms: Vec<String>,
-    /// A process that received a catchable signal and is alive this long after it survived.
+    /// A process still alive this long after a catchable signal survived it (reported then).
     pub survive_after_ns: u64,
     /// A dead process not reaped this long after its group died is reported without a reap.
     pub reap_wait_ns: u64,
-    /// GPU memory not back this long after the group died is reported as lingering (and a
-    /// SIGKILLed process not dead by then as stuck).
+    /// GPU memory still held this long after the death is called lingering (and a SIGKILLed
+    /// process not dead by then stuck).
     pub linger_after_ns: u64,
-    /// A teardown longer than this is `slow_teardown`.
+    /// A teardown longer than this is `slow_teardown`; memory not back by then is reported
+    /// as still held.
     pub slow_after_ns: u64,
+    /// Signals a process survived belong to its death if it dies within this long.
+    pub escalation_window_ns: u64,
 }
 
 impl Default for CorrelatorConfig {
@@ -48,26 +66,80 @@ impl Default for CorrelatorConfig {
             reap_wait_ns: 5_000_000_000,
             linger_after_ns: 30_000_000_000,
             slow_after_ns: 1_000_000_000,
+            escalation_window_ns: 120_000_000_000,
         }
     }
 }
 
+/// What the correlator reports.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Output {
+    /// An incident or an update of one.
+    Incident(Box<Incident>),
+    /// A fatal-by-default signal the process survived (so far).
+    Signal(Box<SignalNotice>),
+}
+
+/// What was last reported of a case, to tell when an update is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Reported {
+    pub holders_left: Vec<u32>,
+    pub residuals_back: usize,
+    pub importers: usize,
+    pub back: bool,
+    pub lingering: bool,
+    pub dead: bool,
+}
+
+/// One process's way to its death and its memory's return.
+pub(super) struct Case {
+    pub inc: Incident,
+    pub signals: Vec<SignalSent>,
+    /// Signals already reported as survived.
+    noticed: usize,
+    pub oom: bool,
+    /// The thread that ended the group: it runs the exit path's release of the files.
+    pub dead_tid: Option<u32>,
+    /// GPU files it held when its group died.
+    pub files: Vec<FileId>,
+    /// A GPU holder: its memory is watched.
+    pub gpu: bool,
+    /// End of the last exit-path `__fput` of one of its files (driver hooks).
+    fput_end: Option<u64>,
+    /// Its own release of its GPU files.
+    pub kernel_release: Option<(u64, Source)>,
+    /// Other processes holding its files at death, and when each let go.
+    pub fd_holders: Vec<Holder>,
+    pub holder_gone: BTreeMap<u32, Option<u64>>,
+    reported: Option<Reported>,
+    stuck_reported: bool,
+}
+
 #[derive(Default)]
 pub struct Correlator {
-    config: CorrelatorConfig,
-    open: HashMap<u32, Incident>,
+    pub(super) config: CorrelatorConfig,
+    pub(super) now_ns: u64,
     next_id: u64,
-    now_ns: u64,
-    holders: Holders,
-    ledger: Ledger,
+    /// linger's own process, never an incident.
+    self_pid: Option<u32>,
+    pub(super) cases: BTreeMap<u64, Case>,
+    /// Live processes with a case.
+    alive: HashMap<u32, u64>,
+    /// Dead processes with a case, until reaped.
+    unreaped: HashMap<u32, u64>,
+    pub(super) holders: Holders,
+    pub(super) ledger: Ledger,
+    pub(super) memory: MemoryBook,
+    pub(super) losses: LossLog,
+    pub(super) storms: StormLog,
     /// The latest NVML reading; None until one arrives (no NVML on this machine).
-    nvml: Option<Vec<NvmlGpu>>,
+    pub(super) nvml: Option<Vec<NvmlGpu>>,
     /// Symbolized kernel stacks by id.
-    stacks: HashMap<i32, Vec<String>>,
+    pub(super) stacks: HashMap<i32, Vec<String>>,
     /// Teardown samples by dying process.
-    teardown: HashMap<u32, TeardownLog>,
-    /// Incidents reported while their memory lingered, watched until it comes back.
-    lingering: HashMap<u32, Incident>,
+    pub(super) teardown: HashMap<u32, TeardownLog>,
+    oom_marked: HashMap<u32, u64>,
 }
 
 impl Correlator {
@@ -78,12 +150,14 @@ impl Correlator {
         }
     }
 
-    /// Feeds one event; incidents it closes are appended to `closed`.
-    pub fn on_event(&mut self, e: &Event, closed: &mut Vec<Incident>) {
+    /// Feeds one event; what it makes reportable is appended to `out`.
+    pub fn on_event(&mut self, e: &Event, out: &mut Vec<Output>) {
         self.now_ns = self.now_ns.max(e.ts_ns);
         self.holders.on_event(e);
         self.ledger.on_event(e);
+        self.losses.on_event(e);
         match &e.data {
+            EventData::Collector { pid } => self.self_pid = Some(*pid),
             EventData::SignalGenerate {
                 sig,
                 code,
@@ -95,119 +169,51 @@ impl Correlator {
                 ..
             } => {
                 if *sig == SIGCHLD {
-                    if let Some(inc) = self.open.get_mut(&e.pid) {
-                        inc.t_zombie_ns.get_or_insert(e.ts_ns);
-                    }
-                } else if let Some(inc) = self.open.get_mut(target_pid) {
-                    inc.repeats += 1;
-                } else if self.wanted(*target_pid, target_comm) {
-                    let inc = self.open_incident(
-                        e,
-                        *sig,
-                        *code,
-                        *target_pid,
-                        *target_threads,
-                        sender_comm,
-                        target_comm,
-                    );
-                    if *result == RESULT_IGNORED {
-                        // Discarded by the kernel at generation: nothing will happen.
-                        closed.push(self.finalize(inc, Outcome::Survived));
-                    } else {
-                        self.open.insert(*target_pid, inc);
-                    }
+                    self.zombie(e.pid, e.ts_ns);
+                } else {
+                    let sender = sender_of(e, *code, sender_comm);
+                    let target = Target {
+                        pid: *target_pid,
+                        comm: target_comm.clone(),
+                        threads: *target_threads,
+                    };
+                    let discarded = *result == RESULT_IGNORED;
+                    self.signal(e.ts_ns, *sig, *code, sender, target, discarded);
                 }
             }
-            EventData::SignalDeliver { sig, handler, .. } => {
-                if let Some(inc) = self.open.get_mut(&e.pid) {
-                    inc.deliveries.push(Delivery {
-                        tid: e.tid,
-                        t_ns: e.ts_ns,
-                        sig: *sig,
-                        action: Action::from_handler(*handler),
-                    });
-                }
-            }
+            EventData::SignalDeliver { sig, handler, .. } => self.delivered(e, *sig, *handler),
             EventData::TaskExit {
                 exit_code,
                 group_dead,
-                ..
+                comm,
             } => {
-                if let Some(inc) = self.open.get_mut(&e.pid) {
-                    inc.exits.push(ThreadExit {
+                if let Some(c) = self.alive.get(&e.pid).and_then(|id| self.cases.get_mut(id)) {
+                    c.inc.exits.push(ThreadExit {
                         tid: e.tid,
                         t_ns: e.ts_ns,
                     });
-                    if *group_dead {
-                        inc.t_group_dead_ns = Some(e.ts_ns);
-                        inc.exit = Some(ExitStatus::from_code(*exit_code));
-                    }
                 }
                 if *group_dead {
-                    self.group_died(e.pid, e.ts_ns);
+                    self.group_died(e, *exit_code, comm);
                 }
-            }
-            EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => {
-                self.check_files_released(e.ts_ns);
             }
             EventData::Reap {
                 reaped_pid,
                 by_wait,
                 comm,
-            } => {
-                if let Some(inc) = self.open.get_mut(reaped_pid) {
-                    if inc.t_reaped_ns.is_none() {
-                        inc.t_reaped_ns = Some(e.ts_ns);
-                        inc.reaper = Some(if *by_wait {
-                            Reaper {
-                                pid: Some(e.pid),
-                                comm: Some(comm.clone()),
-                                how: ReapHow::Wait,
-                            }
-                        } else {
-                            Reaper {
-                                pid: None,
-                                comm: None,
-                                how: ReapHow::Freed,
-                            }
-                        });
-                    }
-                }
+            } => self.reaped(e, *reaped_pid, *by_wait, comm),
+            EventData::OomVictim { pid } => {
+                self.oom_marked.insert(*pid, e.ts_ns);
             }
-            EventData::Nvml { gpus } => self.nvml_sample(e.ts_ns, gpus),
+            EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => self.holders_changed(),
+            EventData::Nvml { gpus } => self.nvml_reading(e.ts_ns, gpus),
             EventData::DriverCall {
                 func,
                 exit: true,
                 file,
                 duration_ns,
                 ..
-            } if *duration_ns > 0 => {
-                // The dying process's own thread, or a driver worker closing one of its files.
-                let owner = if self.teardown.contains_key(&e.pid) || self.open.contains_key(&e.pid)
-                {
-                    Some(e.pid)
-                } else {
-                    self.open
-                        .values()
-                        .find(|inc| {
-                            inc.gpu
-                                .as_ref()
-                                .is_some_and(|g| g.files.iter().any(|h| h.file == *file))
-                        })
-                        .map(|inc| inc.target.pid)
-                };
-                if let Some(owner) = owner {
-                    self.teardown
-                        .entry(owner)
-                        .or_default()
-                        .calls
-                        .push(DriverSpan {
-                            func: *func,
-                            start_ns: e.ts_ns.saturating_sub(*duration_ns),
-                            end_ns: e.ts_ns,
-                        });
-                }
-            }
+            } if *duration_ns > 0 => self.driver_call(e, *func, *file, *duration_ns),
             EventData::Stack { id, frames } => {
                 self.stacks.insert(*id, frames.clone());
             }
@@ -235,141 +241,197 @@ impl Correlator {
             )),
             _ => {}
         }
-        self.expire(closed);
-        self.watch_lingering(closed);
+        self.advance(out);
     }
 
-    /// Closes what is still open when the stream ends.
-    pub fn finish(&mut self, closed: &mut Vec<Incident>) {
-        let mut rest: Vec<_> = self.open.drain().map(|(_, inc)| inc).collect();
-        rest.sort_by_key(|inc| inc.id);
-        for inc in rest {
-            let outcome = if inc.t_group_dead_ns.is_some() {
-                Outcome::Exited
-            } else {
-                Outcome::Pending
+    /// Reports what is still open when the stream ends.
+    pub fn finish(&mut self, out: &mut Vec<Output>) {
+        let ids: Vec<u64> = self.cases.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
+                continue;
             };
-            closed.push(self.finalize(inc, outcome));
+            if c.inc.t_group_dead_ns.is_none() {
+                if c.signals.iter().any(|s| s.sig == SIGKILL) {
+                    if !c.stuck_reported {
+                        out.push(self.emit(id, "incident"));
+                    }
+                } else {
+                    self.notices(id, true, out);
+                }
+            } else if self.reportable_death(id) {
+                let kind = match c.reported {
+                    None => "incident",
+                    Some(_) => "incident_update",
+                };
+                if c.reported.is_none() || self.state(id) != c.reported {
+                    out.push(self.emit(id, kind));
+                }
+            }
         }
+        self.cases.clear();
     }
 
-    /// Whether an open incident waits for GPU memory to come back: NVML should then be read
-    /// at millisecond rate.
+    /// Whether no incident is open: symbolized stacks are no longer needed (the kernel's stack
+    /// ids may be reused from now on).
+    pub fn is_idle(&self) -> bool {
+        self.cases.is_empty()
+    }
+
+    /// Whether NVML should be read every millisecond: a watched GPU memory release may be
+    /// under way.
     pub fn awaiting_gpu_memory(&self) -> bool {
-        self.open.values().any(|inc| {
-            inc.gpu
-                .as_ref()
-                .is_some_and(|g| g.t_memory_back_ns.is_none())
-        })
+        self.memory.awaiting(self.now_ns)
     }
 
     fn wanted(&self, pid: u32, comm: &str) -> bool {
-        (self.config.pids.is_empty() || self.config.pids.contains(&pid))
+        Some(pid) != self.self_pid
+            && (self.config.pids.is_empty() || self.config.pids.contains(&pid))
             && (self.config.comms.is_empty() || self.config.comms.iter().any(|c| c == comm))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn open_incident(
+    fn open_case(&mut self, target: Target, t_ns: u64) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.alive.insert(target.pid, id);
+        let case = Case {
+            inc: Incident::new(id, target, t_ns),
+            signals: Vec::new(),
+            noticed: 0,
+            oom: false,
+            dead_tid: None,
+            files: Vec::new(),
+            gpu: false,
+            fput_end: None,
+            kernel_release: None,
+            fd_holders: Vec::new(),
+            holder_gone: BTreeMap::new(),
+            reported: None,
+            stuck_reported: false,
+        };
+        self.cases.insert(id, case);
+        id
+    }
+
+    fn signal(
         &mut self,
-        e: &Event,
+        t_ns: u64,
         sig: u32,
         code: i32,
-        target_pid: u32,
-        threads: u32,
-        sender_comm: &str,
-        target_comm: &str,
-    ) -> Incident {
-        self.next_id += 1;
-        let origin = signals::origin(code);
-        let sender = match origin {
-            Origin::User => Sender {
-                pid: e.pid,
-                tid: e.tid,
-                comm: sender_comm.to_string(),
-                context_pid: None,
-            },
-            Origin::Kernel | Origin::Fault => Sender {
-                pid: 0,
-                tid: 0,
-                comm: "kernel".into(),
-                context_pid: Some(e.pid),
-            },
+        sender: Sender,
+        target: Target,
+        discarded: bool,
+    ) {
+        let pid = target.pid;
+        let id = match self.alive.get(&pid) {
+            Some(&id) => id,
+            None if self.wanted(pid, &target.comm) => self.open_case(target, t_ns),
+            None => return,
         };
-        let gpu = self
-            .holders
-            .holds_gpu_files(target_pid)
-            .then(|| self.gpu_before(target_pid));
-        Incident {
-            record_type: "incident",
-            id: self.next_id,
-            signal: sig,
-            signal_name: signals::name(sig),
-            origin,
-            si_code: code,
-            sender,
-            target: Target {
-                pid: target_pid,
-                comm: target_comm.to_string(),
-                threads,
-            },
-            t_signal_ns: e.ts_ns,
-            repeats: 0,
-            deliveries: Vec::new(),
-            exits: Vec::new(),
-            t_group_dead_ns: None,
-            exit: None,
-            t_zombie_ns: None,
-            t_reaped_ns: None,
-            reaper: None,
-            outcome: Outcome::Pending,
-            gpu,
-            holders: Vec::new(),
-            phases: Vec::new(),
-            release: None,
-            verdict: None,
-            collateral: Vec::new(),
-            teardown_stacks: Vec::new(),
+        let sent = termination::sent(sig, code, sender, t_ns, discarded);
+        let holds_gpu = self.holders.holds_gpu_files(pid);
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.signals.push(sent);
+            c.gpu |= holds_gpu;
+        }
+        if holds_gpu {
+            // Read NVML at once: the victim's share comes from the readings that follow.
+            self.memory.start(id, pid, t_ns);
         }
     }
 
-    /// What NVML said about `pid` just before the signal.
-    fn gpu_before(&self, pid: u32) -> GpuImpact {
-        let (bytes_nvml, used_before) = match &self.nvml {
-            Some(gpus) => {
-                let mine: Vec<&NvmlGpu> = gpus
-                    .iter()
-                    .filter(|g| g.processes.iter().any(|p| p.pid == pid))
-                    .collect();
-                let bytes = mine
-                    .iter()
-                    .flat_map(|g| g.processes.iter().filter(|p| p.pid == pid))
-                    .filter_map(|p| p.used)
-                    .sum();
-                let used = mine.iter().map(|g| g.used).sum();
-                (Some(bytes), (!mine.is_empty()).then_some(used))
-            }
-            None => (None, None),
+    fn delivered(&mut self, e: &Event, sig: u32, handler: u64) {
+        let Some(c) = self.alive.get(&e.pid).and_then(|id| self.cases.get_mut(id)) else {
+            return;
         };
-        GpuImpact {
-            bytes_nvml,
-            nvml_used_before: used_before,
-            ..Default::default()
+        let action = Action::from_handler(handler);
+        c.inc.deliveries.push(Delivery {
+            tid: e.tid,
+            t_ns: e.ts_ns,
+            sig,
+            action,
+        });
+        if let Some(s) = c
+            .signals
+            .iter_mut()
+            .find(|s| s.sig == sig && s.action.is_none())
+        {
+            s.action = Some(action);
         }
     }
 
     /// A thread group died: what it held, who else holds it, and what is released.
-    fn group_died(&mut self, pid: u32, t_ns: u64) {
+    fn group_died(&mut self, e: &Event, exit_code: u32, comm: &str) {
+        let (pid, t_ns) = (e.pid, e.ts_ns);
+        // The record's comm is the last thread's; the process's is the leader's.
+        let comm = self
+            .holders
+            .process(pid)
+            .map(|p| p.comm.clone())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| comm.to_string());
+        let comm = comm.as_str();
         let held = self.holders.group_died(pid);
         let files = unique_files(held.iter().map(|h| h.file));
-        if let Some(inc) = self.open.get_mut(&pid) {
-            if !held.is_empty() {
-                let gpu = inc.gpu.get_or_insert_with(GpuImpact::default);
-                gpu.ledger = self.ledger.bytes(&files);
-                gpu.bytes_ledger = gpu.ledger.video;
-                gpu.classes = self.ledger.classes(&files);
-                gpu.files = held;
-                inc.holders = self.holders.holders_of(&files, pid);
+        let id = match self.alive.remove(&pid) {
+            Some(id) => Some(id),
+            // A GPU holder nobody signalled: its exit is an incident too.
+            None if !held.is_empty() && self.wanted(pid, comm) => {
+                let target = Target {
+                    pid,
+                    comm: comm.to_string(),
+                    threads: 1,
+                };
+                let id = self.open_case(target, t_ns);
+                self.alive.remove(&pid);
+                Some(id)
             }
+            None => None,
+        };
+        if let Some(id) = id {
+            self.unreaped.insert(pid, id);
+            let oom = self.oom_marked.remove(&pid).is_some();
+            let fd_holders = self.holders.holders_of(&files, pid);
+            let role = self.role_at_death(id, pid, &files, &fd_holders);
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.inc.t_group_dead_ns = Some(t_ns);
+                c.inc.exit = Some(ExitStatus::from_code(exit_code));
+                c.inc.outcome = Outcome::Exited;
+                c.dead_tid = Some(e.tid);
+                c.oom = oom;
+                if !held.is_empty() {
+                    c.gpu = true;
+                    let gpu = c.inc.gpu.get_or_insert_with(Default::default);
+                    gpu.ledger = self.ledger.bytes(&files);
+                    gpu.bytes_ledger = gpu.ledger.video;
+                    gpu.classes = self.ledger.classes(&files);
+                    gpu.files = held;
+                    c.files = files.clone();
+                    c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
+                    c.fd_holders = fd_holders;
+                }
+                if c.gpu {
+                    c.inc.gpu.get_or_insert_with(Default::default);
+                }
+            }
+            if self.cases.get(&id).is_some_and(|c| c.gpu) {
+                self.memory.start(id, pid, t_ns);
+                self.memory.died(id, t_ns, role);
+                // Who imported its objects must be asked before its clients are freed.
+                for i in self.ledger.imports_from(&files) {
+                    self.memory.imported(id, i.importer, i.bytes, i.via);
+                }
+            }
+        }
+        // A holder of other dead processes' files is gone: their memory may be on its way.
+        let watching: Vec<u64> = self
+            .cases
+            .iter()
+            .filter(|(_, c)| c.holder_gone.contains_key(&pid))
+            .map(|(id, _)| *id)
+            .collect();
+        for w in watching {
+            self.memory.activity(w, t_ns);
         }
         // Files nobody else holds die with this process, whether or not it had an incident.
         let orphaned: Vec<FileId> = files
@@ -377,204 +439,483 @@ impl Correlator {
             .filter(|f| self.holders.holders_of(&[*f], pid).is_empty())
             .collect();
         self.ledger.release_files(&orphaned);
-        self.check_files_released(t_ns);
+        self.holders_changed();
     }
 
-    /// Marks incidents whose dead target's files no longer have any holder.
-    fn check_files_released(&mut self, t_ns: u64) {
-        for inc in self.open.values_mut() {
-            let pid = inc.target.pid;
-            let Some(gpu) = inc.gpu.as_mut() else {
-                continue;
-            };
-            if inc.t_group_dead_ns.is_none() || gpu.t_files_released_ns.is_some() {
-                continue;
-            }
-            let files = unique_files(gpu.files.iter().map(|h| h.file));
-            if self.holders.holders_of(&files, pid).is_empty() {
-                gpu.t_files_released_ns = Some(t_ns);
-                self.ledger.release_files(&files);
-            }
+    /// What a GPU holder's death is to give back.
+    fn role_at_death(&self, id: u64, pid: u32, files: &[FileId], others: &[Holder]) -> Role {
+        let video = self.ledger.bytes(files).video;
+        let listed = self
+            .memory
+            .watch(id)
+            .is_some_and(|w| w.max_figure.is_some());
+        if listed || self.ledger.allocators(files).contains(&pid) {
+            return Role::Own { ledger: video };
+        }
+        // Another dead process's memory, in files it inherited.
+        let owner = self.cases.iter().find(|(other, c)| {
+            **other != id
+                && c.inc.t_group_dead_ns.is_some()
+                && c.files.iter().any(|f| files.contains(f))
+                && self.memory.back_ns(**other).is_none()
+        });
+        if let Some((other, _)) = owner {
+            return Role::AliasOf(*other);
+        }
+        if others.is_empty() {
+            Role::Own { ledger: video }
+        } else {
+            Role::Nothing
         }
     }
 
-    fn nvml_sample(&mut self, t_ns: u64, gpus: &[NvmlGpu]) {
-        for inc in self.open.values_mut() {
-            let pid = inc.target.pid;
-            let Some(gpu) = inc.gpu.as_mut() else {
+    /// SIGCHLD from `pid`: it is a zombie, its files released.
+    fn zombie(&mut self, pid: u32, t_ns: u64) {
+        let Some(&id) = self.unreaped.get(&pid) else {
+            return;
+        };
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.inc.t_zombie_ns.get_or_insert(t_ns);
+        }
+        self.kernel_released(id, t_ns);
+    }
+
+    /// The exit path is done with the files: the driver hooks' last `__fput` if they timed
+    /// one, else this moment (the zombie transition or the reap) as an upper bound.
+    fn kernel_released(&mut self, id: u64, t_ns: u64) {
+        let Some(c) = self.cases.get_mut(&id) else {
+            return;
+        };
+        if c.kernel_release.is_some() {
+            return;
+        }
+        let release = match c.fput_end {
+            Some(end) if end <= t_ns => (end, Source::Fput),
+            _ => (t_ns, Source::Zombie),
+        };
+        c.kernel_release = Some(release);
+        self.memory.kernel_released(id, release.0);
+        self.holders_changed();
+    }
+
+    fn reaped(&mut self, e: &Event, reaped_pid: u32, by_wait: bool, comm: &str) {
+        let Some(id) = self.unreaped.remove(&reaped_pid) else {
+            return;
+        };
+        if let Some(c) = self.cases.get_mut(&id) {
+            if c.inc.t_reaped_ns.is_none() {
+                c.inc.t_reaped_ns = Some(e.ts_ns);
+                c.inc.reaper = Some(if by_wait {
+                    Reaper {
+                        pid: Some(e.pid),
+                        comm: Some(comm.to_string()),
+                        how: ReapHow::Wait,
+                    }
+                } else {
+                    Reaper {
+                        pid: None,
+                        comm: None,
+                        how: ReapHow::Freed,
+                    }
+                });
+            }
+        }
+        self.kernel_released(id, e.ts_ns);
+    }
+
+    /// Dead cases whose other holders let go: when each did (its own release, if it died).
+    fn holders_changed(&mut self) {
+        let now = self.now_ns;
+        let mut gone_of: Vec<(u64, u32, u64)> = Vec::new();
+        for (id, c) in &self.cases {
+            if c.holder_gone.values().all(Option::is_some) {
                 continue;
-            };
-            // Back once NVML no longer accounts any memory to the pid it listed before.
-            let listed = gpus
+            }
+            let live: Vec<u32> = self
+                .holders
+                .holders_of(&c.files, c.inc.target.pid)
                 .iter()
-                .any(|g| g.processes.iter().any(|p| p.pid == pid));
-            if inc.t_group_dead_ns.is_some()
-                && gpu.t_memory_back_ns.is_none()
-                && gpu.nvml_used_before.is_some()
-                && !listed
-            {
-                gpu.t_memory_back_ns = Some(t_ns);
+                .map(|h| h.pid)
+                .collect();
+            for (&holder, gone) in &c.holder_gone {
+                if gone.is_some() || live.contains(&holder) {
+                    continue;
+                }
+                // A holder that died let go with its own release; one that closed, now.
+                let t = match self.case_of_dead(holder) {
+                    Some(hc) => match hc.kernel_release {
+                        Some((t, _)) => t,
+                        None => continue,
+                    },
+                    None => now,
+                };
+                gone_of.push((*id, holder, t));
+            }
+        }
+        for (id, holder, t) in gone_of {
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.holder_gone.insert(holder, Some(t));
+            }
+            self.memory.activity(id, t);
+        }
+    }
+
+    /// The case of a dead process (the latest, should the pid have been reused).
+    fn case_of_dead(&self, pid: u32) -> Option<&Case> {
+        self.cases
+            .values()
+            .rev()
+            .find(|c| c.inc.target.pid == pid && c.inc.t_group_dead_ns.is_some())
+    }
+
+    fn nvml_reading(&mut self, t_ns: u64, gpus: &[NvmlGpu]) {
+        let ledger = &self.ledger;
+        let changes = self
+            .memory
+            .reading(t_ns, gpus, |pid, from, to| ledger.allocated(pid, from, to));
+        for change in changes {
+            if let Change::Imported { key, .. } = change {
+                self.memory.activity(key, t_ns);
             }
         }
         self.nvml = Some(gpus.to_vec());
     }
 
-    /// Time-based decisions: survivors, dead processes nobody reaps, memory that lingers.
-    fn expire(&mut self, closed: &mut Vec<Incident>) {
-        let now = self.now_ns;
-        let cfg = &self.config;
-        let nvml_seen = self.nvml.is_some();
-        let mut done: Vec<(u32, Outcome)> = self
-            .open
-            .iter()
-            .filter_map(|(&pid, inc)| {
-                let Some(dead) = inc.t_group_dead_ns else {
-                    let catchable = inc.signal != SIGKILL && inc.signal != SIGSTOP;
-                    let waited = now.saturating_sub(inc.t_signal_ns);
-                    if catchable && waited >= cfg.survive_after_ns {
-                        return Some((pid, Outcome::Survived));
-                    }
-                    // A SIGKILLed process still alive this long is stuck: say so now.
-                    return (!catchable && waited >= cfg.linger_after_ns)
-                        .then_some((pid, Outcome::Pending));
-                };
-                let since_death = now.saturating_sub(dead);
-                let reaped = inc.t_reaped_ns.is_some() || since_death >= cfg.reap_wait_ns;
-                let gpu_settled = match &inc.gpu {
-                    None => true,
-                    Some(g) if g.t_memory_back_ns.is_some() => true,
-                    // Without NVML, the last holder going is all there is to see.
-                    Some(g) if !nvml_seen || g.nvml_used_before.is_none() => {
-                        g.t_files_released_ns.is_some()
-                    }
-                    Some(_) => false,
-                };
-                (reaped && (gpu_settled || since_death >= cfg.linger_after_ns))
-                    .then_some((pid, Outcome::Exited))
-            })
-            .collect();
-        done.sort_by_key(|(pid, _)| self.open[pid].id);
-        for (pid, outcome) in done {
-            if let Some(inc) = self.open.remove(&pid) {
-                let inc = self.finalize(inc, outcome);
-                let lingers = inc.gpu.as_ref().is_some_and(|g| {
-                    g.t_memory_back_ns.is_none() && g.t_files_released_ns.is_none()
-                });
-                if lingers && inc.t_group_dead_ns.is_some() {
-                    self.lingering.insert(pid, inc.clone());
+    fn driver_call(&mut self, e: &Event, func: DriverFunc, file: u64, duration_ns: u64) {
+        let span = DriverSpan {
+            func,
+            start_ns: e.ts_ns.saturating_sub(duration_ns),
+            end_ns: e.ts_ns,
+        };
+        // The dying process's own thread, or a driver worker closing one of its files.
+        let owner = if self.teardown.contains_key(&e.pid) || self.alive.contains_key(&e.pid) {
+            Some(e.pid)
+        } else {
+            self.cases
+                .values()
+                .find(|c| c.kernel_release.is_none() && c.files.contains(&file))
+                .map(|c| c.inc.target.pid)
+        };
+        if let Some(owner) = owner {
+            self.teardown.entry(owner).or_default().calls.push(span);
+        }
+        if func == DriverFunc::Fput {
+            if let Some(c) = self
+                .unreaped
+                .get(&e.pid)
+                .and_then(|id| self.cases.get_mut(id))
+            {
+                if c.files.contains(&file) {
+                    c.fput_end = c.fput_end.max(Some(e.ts_ns));
                 }
-                closed.push(inc);
             }
         }
     }
 
-    /// Reported-as-lingering incidents whose memory came back: an `incident_update`.
-    fn watch_lingering(&mut self, closed: &mut Vec<Incident>) {
-        if self.lingering.is_empty() {
-            return;
-        }
+    /// Time-based decisions and the reports they make due.
+    fn advance(&mut self, out: &mut Vec<Output>) {
         let now = self.now_ns;
-        let nvml = &self.nvml;
-        let listed = |pid: u32| {
-            nvml.as_ref().is_some_and(|gpus| {
-                gpus.iter()
-                    .any(|g| g.processes.iter().any(|p| p.pid == pid))
-            })
-        };
-        let mut back: Vec<u32> = Vec::new();
-        for (&pid, inc) in self.lingering.iter_mut() {
-            let Some(gpu) = inc.gpu.as_mut() else {
+        let ids: Vec<u64> = self.cases.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
                 continue;
             };
-            let files = unique_files(gpu.files.iter().map(|h| h.file));
-            if gpu.t_files_released_ns.is_none() && self.holders.holders_of(&files, pid).is_empty()
-            {
-                gpu.t_files_released_ns = Some(now);
+            if c.inc.t_group_dead_ns.is_none() {
+                self.advance_alive(id, out);
+                continue;
             }
-            let nvml_knows = gpu.nvml_used_before.is_some() && nvml.is_some();
-            if nvml_knows && !listed(pid) {
-                gpu.t_memory_back_ns = Some(now);
+            let reportable = self.reportable_death(id);
+            let Some(c) = self.cases.get(&id) else {
+                continue;
+            };
+            if !reportable {
+                if self.settled(id) {
+                    self.drop_case(id);
+                }
+                continue;
             }
-            if gpu.t_memory_back_ns.is_some() || (!nvml_knows && gpu.t_files_released_ns.is_some())
-            {
-                back.push(pid);
+            let dead = c.inc.t_group_dead_ns.unwrap_or(now);
+            let since_death = now.saturating_sub(dead);
+            let reaped = c.inc.t_reaped_ns.is_some() || since_death >= self.config.reap_wait_ns;
+            let settled = self.settled(id);
+            match &c.reported {
+                None => {
+                    let held_elsewhere = !c.fd_holders.is_empty() || self.imported(id);
+                    // NVML's word on its share comes with the first reading after the death.
+                    let read = self.nvml.is_none() || self.memory.read_since(dead);
+                    let due = (settled && reaped)
+                        || ((held_elsewhere || self.unexplained(id))
+                            && ((reaped && read) || since_death >= HELD_REPORT_NS))
+                        || since_death >= self.config.slow_after_ns;
+                    if due {
+                        out.push(self.emit(id, "incident"));
+                    }
+                }
+                Some(last) => {
+                    // Memory back: one final update once the holders' releases are known too.
+                    let holding = self.back(id).is_some() && !settled;
+                    if !holding && (settled || self.state(id).as_ref() != Some(last)) {
+                        out.push(self.emit(id, "incident_update"));
+                    }
+                }
+            }
+            if self.cases.get(&id).is_some_and(|c| c.reported.is_some()) && settled {
+                self.drop_case(id);
             }
         }
-        back.sort_unstable();
-        for pid in back {
-            if let Some(mut inc) = self.lingering.remove(&pid) {
-                inc.record_type = "incident_update";
-                // Allocations refused while it lingered, up to its release.
-                inc.collateral = self.ledger.refused_others(pid, inc.t_signal_ns, now);
-                closed.push(inc);
+        // Nothing older than the oldest open case needs its loss reports or teardowns.
+        let oldest = self.cases.values().map(|c| c.inc.t_signal_ns).min();
+        self.losses.prune(oldest.unwrap_or(now));
+        self.storms.prune(oldest.unwrap_or(now));
+        if self.cases.is_empty() {
+            // The collector empties the kernel's stack map now: its ids start over.
+            self.stacks.clear();
+            self.teardown.clear();
+        }
+    }
+
+    fn advance_alive(&mut self, id: u64, out: &mut Vec<Output>) {
+        let now = self.now_ns;
+        self.notices(id, false, out);
+        let Some(c) = self.cases.get(&id) else {
+            return;
+        };
+        let first_kill = c.signals.iter().find(|s| s.sig == SIGKILL).map(|s| s.t_ns);
+        match first_kill {
+            // A SIGKILLed process still alive this long is stuck: say so now.
+            Some(t)
+                if !c.stuck_reported && now.saturating_sub(t) >= self.config.linger_after_ns =>
+            {
+                out.push(self.emit(id, "incident"));
+                if let Some(c) = self.cases.get_mut(&id) {
+                    c.stuck_reported = true;
+                }
+            }
+            Some(_) => {}
+            None => {
+                let last = c.signals.last().map_or(now, |s| s.t_ns);
+                if now.saturating_sub(last) >= self.config.escalation_window_ns {
+                    self.drop_case(id);
+                }
             }
         }
     }
 
-    /// Teardown phases, verdict and collateral, computed when the incident is reported.
-    fn finalize(&mut self, mut inc: Incident, outcome: Outcome) -> Incident {
-        inc.outcome = outcome;
-        let log = self.teardown.remove(&inc.target.pid).unwrap_or_default();
-        let from = inc.t_group_dead_ns.unwrap_or(inc.t_signal_ns);
-        // The teardown ends when NVML shows the memory back; without that, when the dying
-        // task is done releasing its files (it becomes a zombie right after).
-        let end = inc
-            .gpu
-            .as_ref()
-            .and_then(|g| g.t_memory_back_ns)
-            .or(inc.t_zombie_ns)
-            .unwrap_or(self.now_ns);
-        inc.phases = log.phases(&self.stacks, from, end);
-        inc.release = log.driver_release(from, end);
-        if inc.phases.is_empty() {
-            inc.phases = log.hooked_phases(from, end);
+    /// Reports catchable signals the process survived `survive_after` (at once when the
+    /// kernel discarded them, or with `all`, whatever is left).
+    fn notices(&mut self, id: u64, all: bool, out: &mut Vec<Output>) {
+        let now = self.now_ns;
+        let wait = self.config.survive_after_ns;
+        let Some(c) = self.cases.get_mut(&id) else {
+            return;
+        };
+        while let Some(s) = c.signals.get(c.noticed) {
+            if s.sig == SIGKILL {
+                c.noticed += 1;
+                continue;
+            }
+            let survived = now.saturating_sub(s.t_ns);
+            if !(all || s.discarded || survived >= wait) {
+                break;
+            }
+            let notice = SignalNotice::new(&c.inc, s.clone(), survived, c.gpu);
+            out.push(Output::Signal(Box::new(notice)));
+            c.noticed += 1;
         }
-        inc.teardown_stacks = log
-            .weighted_stacks(from, end)
-            .into_iter()
-            .map(|(id, ns)| {
-                let mut frames = self.stacks.get(&id).cloned().unwrap_or_default();
-                frames.reverse();
-                (frames, ns)
-            })
-            .collect();
+    }
 
-        let asleep = log
-            .asleep(self.now_ns)
-            .into_iter()
-            .map(|(tid, since, id)| {
-                let frames = self.stacks.get(&id).cloned().unwrap_or_default();
-                (tid, since, frames)
-            })
-            .collect();
-        let target = inc.target.pid;
-        let unknown_nvml_pids = self
-            .nvml
-            .iter()
-            .flatten()
-            .flat_map(|g| g.processes.iter().map(|p| p.pid))
-            .filter(|&p| p != target && self.holders.process(p).is_none())
-            .collect();
-        inc.collateral = self.ledger.refused_others(target, inc.t_signal_ns, end);
-
-        if inc.gpu.is_some() || inc.t_group_dead_ns.is_none() {
-            inc.verdict = verdict::decide(
-                &inc,
-                &verdict::Context {
-                    phases: &inc.phases,
-                    wakeups: &log.wakeups,
-                    asleep,
-                    unknown_nvml_pids,
-                    slow_after_ns: self.config.slow_after_ns,
-                    now_ns: self.now_ns,
-                },
-            );
+    fn drop_case(&mut self, id: u64) {
+        if let Some(t) = self.teardown_of(id) {
+            self.storms.done(id, t);
         }
-        inc
+        if let Some(c) = self.cases.remove(&id) {
+            let pid = c.inc.target.pid;
+            if self.alive.get(&pid) == Some(&id) {
+                self.alive.remove(&pid);
+            }
+            if self.unreaped.get(&pid) == Some(&id) {
+                self.unreaped.remove(&pid);
+            }
+            if !self.cases.values().any(|o| o.inc.target.pid == pid) {
+                self.teardown.remove(&pid);
+            }
+            self.memory.forget(id);
+        }
+    }
+
+    /// A dead GPU case's teardown, for storms.
+    pub(super) fn teardown_of(&self, id: u64) -> Option<Teardown> {
+        let c = self.cases.get(&id)?;
+        let w = self.memory.watch(id)?;
+        Some(Teardown {
+            gpu: w.gpu?,
+            dead_ns: c.inc.t_group_dead_ns?,
+            released_ns: c.kernel_release.map(|k| k.0),
+            back_ns: self.back(id).map(|b| b.0),
+            used_before: w.used_before,
+        })
+    }
+
+    /// Whether a dead case's memory needs no more watching: it is back, and the holders'
+    /// own releases (which follow NVML's reading by a millisecond or so) are known, or a while
+    /// has passed.
+    fn settled(&self, id: u64) -> bool {
+        let Some(c) = self.cases.get(&id) else {
+            return true;
+        };
+        if !c.gpu {
+            return true;
+        }
+        if let Some(Role::Nothing) = self.memory.watch(id).map(|w| w.role) {
+            return true;
+        }
+        let Some((back, _)) = self.back(id) else {
+            return false;
+        };
+        let known = c.holder_gone.values().all(Option::is_some);
+        known || self.now_ns.saturating_sub(back) >= HELD_REPORT_NS
+    }
+
+    /// Whether other teardowns on the same GPU are under way or just done: NVML's readings
+    /// lag behind them, so a victim's memory may still be on its way.
+    pub(super) fn others_in_flight(&self, id: u64) -> bool {
+        let gpu = self.memory.watch(id).and_then(|w| w.gpu);
+        self.cases.iter().any(|(other, c)| {
+            *other != id
+                && c.gpu
+                && c.inc.t_group_dead_ns.is_some()
+                && self.back(*other).is_none()
+                && self
+                    .memory
+                    .watch(*other)
+                    .is_some_and(|w| matches!(w.role, Role::Own { .. }) && w.gpu == gpu)
+                && c.kernel_release
+                    .is_none_or(|(t, _)| self.now_ns.saturating_sub(t) < IN_FLIGHT_NS)
+        })
+    }
+
+    /// Whether NVML holds the memory of a victim it no longer lists, with no importer found.
+    fn unexplained(&self, id: u64) -> bool {
+        let Some(w) = self.memory.watch(id) else {
+            return false;
+        };
+        if !matches!(w.role, Role::Own { .. }) || w.max_figure.is_none() {
+            return false;
+        }
+        let released = self.cases.get(&id).and_then(|c| c.kernel_release);
+        self.nvml.is_some()
+            && !w.listed
+            && w.residuals.is_empty()
+            && released.is_some_and(|(t, _)| self.now_ns.saturating_sub(t) >= IN_FLIGHT_NS)
+            && self.back(id).is_none()
+            && !self.others_in_flight(id)
+    }
+
+    fn imported(&self, id: u64) -> bool {
+        self.memory
+            .watch(id)
+            .is_some_and(|w| !w.residuals.is_empty())
+    }
+
+    /// Whether a dead case is worth a report: deaths by signal always; exits of GPU holders
+    /// when they had memory of their own (or NVML cannot tell).
+    fn reportable_death(&self, id: u64) -> bool {
+        let Some(c) = self.cases.get(&id) else {
+            return false;
+        };
+        if !c.signals.is_empty() || c.inc.exit.as_ref().is_some_and(|e| e.signal.is_some()) {
+            return true;
+        }
+        match self.memory.watch(id) {
+            Some(w) => match w.role {
+                Role::Nothing => false,
+                Role::Own { .. } if self.nvml.is_some() => {
+                    w.share().is_some_and(|(bytes, _)| bytes > 0)
+                }
+                _ => true,
+            },
+            None => false,
+        }
+    }
+
+    /// When the memory of a dead case was back, and what says so: NVML where it reads, else
+    /// the kernel (its own release, or its last other holder's).
+    pub(super) fn back(&self, id: u64) -> Option<(u64, Source)> {
+        let c = self.cases.get(&id)?;
+        if self.nvml.is_some() {
+            return self.memory.back_ns(id).map(|t| (t, Source::Nvml));
+        }
+        let own = c.kernel_release?.0;
+        let others = c
+            .holder_gone
+            .values()
+            .try_fold(own, |t, g| g.map(|g| t.max(g)))?;
+        Some((others, Source::Kernel))
+    }
+
+    fn state(&self, id: u64) -> Option<Reported> {
+        let c = self.cases.get(&id)?;
+        let w = self.memory.watch(id);
+        Some(Reported {
+            holders_left: c
+                .holder_gone
+                .iter()
+                .filter(|(_, g)| g.is_none())
+                .map(|(p, _)| *p)
+                .chain(w.iter().flat_map(|w| {
+                    w.residuals
+                        .iter()
+                        .filter(|r| r.back_ns.is_none())
+                        .map(|r| r.importer)
+                }))
+                .collect(),
+            residuals_back: w.map_or(0, |w| {
+                w.residuals.iter().filter(|r| r.back_ns.is_some()).count()
+            }),
+            importers: w.map_or(0, |w| w.residuals.len()),
+            back: self.back(id).is_some(),
+            lingering: c
+                .inc
+                .t_group_dead_ns
+                .is_some_and(|d| self.now_ns.saturating_sub(d) >= self.config.linger_after_ns)
+                && self.back(id).is_none(),
+            dead: c.inc.t_group_dead_ns.is_some(),
+        })
+    }
+
+    /// The case as a record now, remembering what was reported.
+    fn emit(&mut self, id: u64, record_type: &'static str) -> Output {
+        let mut inc = self.snapshot(id);
+        inc.record_type = record_type;
+        let state = self.state(id);
+        if let Some(c) = self.cases.get_mut(&id) {
+            if record_type == "incident_update" {
+                inc.changes = snapshot::changes(c.reported.as_ref(), &inc);
+            }
+            c.reported = state;
+        }
+        Output::Incident(Box::new(inc))
     }
 }
 
-fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
+fn sender_of(e: &Event, code: i32, comm: &str) -> Sender {
+    match super::signals::origin(code) {
+        super::signals::Origin::User => Sender {
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm.to_string(),
+            context_pid: None,
+        },
+        _ => Sender {
+            pid: 0,
+            tid: 0,
+            comm: "kernel".into(),
+            context_pid: Some(e.pid),
+        },
+    }
+}
+
+pub(super) fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
     let mut v: Vec<FileId> = files.collect();
     v.sort_unstable();
     v.dedup();

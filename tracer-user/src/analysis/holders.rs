@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use super::memory::ImportVia;
 use crate::event::{Event, EventData, FdOp, ProcInfo};
 
 /// Kernel address of a `struct file`, or a snapshot group id until that address is known.
@@ -33,6 +34,12 @@ pub enum How {
     Snapshot,
     /// Seen only in a walk of its table (e.g. received over a unix socket).
     Seen { t_ns: u64 },
+    /// It holds memory it imported from the dead process (no descriptor of its files).
+    Import {
+        t_ns: u64,
+        bytes: u64,
+        via: ImportVia,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +76,9 @@ pub struct Holder {
     pub fds: Vec<i32>,
     #[serde(flatten)]
     pub how: How,
+    /// When it let go (its own release, or its close of the files); absent while it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_released_ns: Option<u64>,
 }
 
 #[derive(Default)]
@@ -212,7 +222,11 @@ impl Holders {
             EventData::ProcInfo(info) => {
                 let p = self.procs.entry(info.pid).or_default();
                 p.comm = info.comm.clone();
-                p.ppid = info.ppid;
+                // The fork record's parent is the truth; /proc may be read after the parent
+                // died and say 1.
+                if p.ppid == 0 {
+                    p.ppid = info.ppid;
+                }
                 p.info = Some(info.clone());
             }
             _ => {}
@@ -269,6 +283,7 @@ impl Holders {
                     ppid: p.ppid,
                     fds: held.iter().map(|(n, _)| **n).collect(),
                     how: first.how,
+                    t_released_ns: None,
                 })
             })
             .collect();

@@ -1,5 +1,5 @@
-//! An incident: one fatal signal to one process, followed until the process is reaped or
-//! survives. Serialized as one JSON line (schema: docs/incident-json.md).
+//! An incident: one process's death (and every fatal signal that led to it), followed until
+//! its GPU memory is back. Serialized as JSON lines (schema: docs/incident-json.md).
 
 use serde::Serialize;
 
@@ -8,26 +8,37 @@ use super::{
     ledger::{Bytes, ClassTotal, FailedAlloc},
     signals::Origin,
     teardown::{DriverRelease, PhaseTime},
+    termination::Termination,
     verdict::Verdict,
 };
+use crate::event::LossKind;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// Version of the JSON records; bumped when a field's meaning changes.
+pub const SCHEMA: u32 = 2;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Incident {
-    /// Always "incident": lets consumers of the JSON lines tell record types apart.
+    /// "incident", or "incident_update" when an incident already reported changed.
     #[serde(rename = "type")]
     pub record_type: &'static str,
-    /// Sequence number within this run.
+    pub schema: u32,
+    /// One per process death, in this run; updates carry the same id.
     pub id: u64,
+    /// Every fatal signal that led to the death, and the mode they add up to.
+    pub termination: Termination,
+    /// The signal that ended it (the SIGKILL of an escalation); 0 for `exit`.
     pub signal: u32,
+    /// `SIGKILL`, ...; `exit` when no signal did.
     pub signal_name: String,
     pub origin: Origin,
     pub si_code: i32,
-    pub sender: Sender,
+    /// Who sent that signal; null for `exit`.
+    pub sender: Option<Sender>,
     pub target: Target,
+    /// When that signal was generated; for `exit`, when the group died. Every delay in the
+    /// report counts from here.
     pub t_signal_ns: u64,
-    /// Further fatal signals to the same process while this incident was open.
-    pub repeats: u32,
-    /// Each thread that dequeued the signal.
+    /// Each thread that dequeued a signal.
     pub deliveries: Vec<Delivery>,
     /// Each thread's exit, the group-dead one last.
     pub exits: Vec<ThreadExit>,
@@ -39,13 +50,16 @@ pub struct Incident {
     pub t_reaped_ns: Option<u64>,
     pub reaper: Option<Reaper>,
     pub outcome: Outcome,
-    /// The GPU side, when the process held GPU files.
+    /// The GPU side, when the target held GPU files.
     pub gpu: Option<GpuImpact>,
-    /// Other processes holding the target's GPU files when its group died.
+    /// Processes holding the target's GPU memory: through its files (when its group died,
+    /// as far as still known) or through objects they imported from it.
     pub holders: Vec<Holder>,
-    /// Where the time from the group's death to the memory's return went (from kernel
-    /// stacks, or the driver hooks where the kernel allows them), largest first.
+    /// Where the time from the group's death to the target's own release of its GPU files
+    /// went (largest first); the phases partition that interval.
     pub phases: Vec<PhaseTime>,
+    /// Share of that interval the phases account for (0..1).
+    pub phases_coverage: Option<f64>,
     /// The driver's release timed exactly by fentry/kprobe hooks, where the kernel allows
     /// them (`phases` then come from these calls when no stacks were sampled).
     pub release: Option<DriverRelease>,
@@ -53,14 +67,87 @@ pub struct Incident {
     pub verdict: Option<Verdict>,
     /// Allocations of other processes the driver refused while this one's memory was held.
     pub collateral: Vec<FailedAlloc>,
+    /// Other GPU incidents whose teardowns overlapped this one on the same GPU.
+    pub storm: Option<Storm>,
+    /// What the kernel side lost while the incident was traced; its facts may be incomplete.
+    pub losses: Vec<LossCount>,
+    /// Still held `--linger-after` after the death.
+    pub lingering: bool,
+    /// For updates: what changed since the last record of this incident.
+    pub changes: Vec<String>,
     /// The teardown's kernel stacks (outermost frame first) with the time each accounts for:
     /// the flamegraph `linger export --format folded|svg` draws. Not in the JSON lines.
     #[serde(skip)]
     pub teardown_stacks: Vec<(Vec<String>, u64)>,
 }
 
+impl Incident {
+    /// A new incident of `target`, counting from `t_ns`, with nothing known yet.
+    pub fn new(id: u64, target: Target, t_ns: u64) -> Self {
+        Self {
+            record_type: "incident",
+            schema: SCHEMA,
+            id,
+            termination: Termination {
+                mode: super::termination::Mode::Exit,
+                signals: Vec::new(),
+                grace_ns: None,
+            },
+            signal: 0,
+            signal_name: "exit".into(),
+            origin: Origin::User,
+            si_code: 0,
+            sender: None,
+            target,
+            t_signal_ns: t_ns,
+            deliveries: Vec::new(),
+            exits: Vec::new(),
+            t_group_dead_ns: None,
+            exit: None,
+            t_zombie_ns: None,
+            t_reaped_ns: None,
+            reaper: None,
+            outcome: Outcome::Pending,
+            gpu: None,
+            holders: Vec::new(),
+            phases: Vec::new(),
+            phases_coverage: None,
+            release: None,
+            verdict: None,
+            collateral: Vec::new(),
+            storm: None,
+            losses: Vec::new(),
+            lingering: false,
+            changes: Vec::new(),
+            teardown_stacks: Vec::new(),
+        }
+    }
+}
+
+/// Where the evidence for a time came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// NVML: the pid left its process list and the device's used memory fell by its share.
+    Nvml,
+    /// The kernel: the last reference to the GPU files went (driver hooks, or the zombie
+    /// transition as an upper bound), without NVML to confirm.
+    Kernel,
+    /// The driver hooks timed the exit path's `__fput` of the last GPU file.
+    Fput,
+    /// The zombie transition (SIGCHLD to the parent), which follows the exit path's release of
+    /// the files: an upper bound.
+    Zombie,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuImpact {
+    /// The GPU memory this death was to give back: NVML's largest figure for the pid while
+    /// it was watched, else its ledger's video bytes (`share_from`).
+    pub share_bytes: u64,
+    /// `nvml`, `ledger`, or `none` (no memory of its own: NVML never listed it and its files
+    /// carry no allocation, or other processes' memory).
+    pub share_from: &'static str,
     /// Physical video memory the driver gave the target's clients (decoded RM ioctls seen
     /// while tracing; allocations made before tracing began are not counted).
     pub bytes_ledger: u64,
@@ -68,17 +155,49 @@ pub struct GpuImpact {
     pub ledger: Bytes,
     /// The ledger by memory class.
     pub classes: Vec<ClassTotal>,
-    /// What NVML reported for the target's pid just before the signal; null without NVML.
+    /// NVML's largest figure for the pid while watched; null without NVML or when NVML never
+    /// listed it.
     pub bytes_nvml: Option<u64>,
-    /// NVML's `used` on the target's GPUs just before the signal.
+    /// NVML's `used` on its GPU when the watch began (the reading before the signal or death).
     pub nvml_used_before: Option<u64>,
-    /// When NVML stopped listing the target's pid (its memory was back); null while lingering
-    /// or without NVML.
+    /// When its memory was back on the device; null while held or when unknown.
     pub t_memory_back_ns: Option<u64>,
-    /// When no traced process held any of the target's GPU files any more.
+    /// What decided `t_memory_back_ns`.
+    pub memory_back_by: Option<Source>,
+    /// Bytes of its share seen back so far (less than the share while importers hold some).
+    pub released_bytes: u64,
+    /// When the target's own last reference to its GPU files went (its exit path's release).
     pub t_files_released_ns: Option<u64>,
+    /// `fput` (driver hooks) or `zombie` (upper bound).
+    pub files_released_by: Option<Source>,
+    /// When the last other holder of its files let go.
+    pub t_holders_gone_ns: Option<u64>,
+    /// Time the memory stayed held by others after the target's own release.
+    pub held_elsewhere_ns: Option<u64>,
     /// GPU descriptors the target held when its group died, with each file's references.
     pub files: Vec<HeldFile>,
+    /// Which evidence decided, and where the sources disagreed, in words.
+    pub evidence: Vec<String>,
+}
+
+/// Teardowns on one GPU that overlapped: the device's level before the first and when it was
+/// back to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Storm {
+    pub gpu: u32,
+    /// GPU incidents in the storm, this one included.
+    pub incidents: u32,
+    pub t_first_ns: u64,
+    /// The device's used memory before the first of them.
+    pub used_before: u64,
+    /// When the device's used memory was back to that level; null while not.
+    pub t_device_back_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LossCount {
+    pub what: LossKind,
+    pub count: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -179,9 +298,7 @@ pub enum ReapHow {
 pub enum Outcome {
     /// Every thread exited.
     Exited,
-    /// The process handled or ignored the signal and lives on.
-    Survived,
-    /// Tracing stopped before the process either exited or was seen to survive.
+    /// Still alive: tracing stopped first, or a SIGKILLed process would not die.
     Pending,
 }
 
@@ -189,9 +306,5 @@ impl Incident {
     /// Milliseconds from the signal to `t`.
     pub fn ms_after_signal(&self, t: u64) -> f64 {
         t.saturating_sub(self.t_signal_ns) as f64 / 1e6
-    }
-
-    pub fn handled(&self) -> bool {
-        self.deliveries.iter().any(|d| d.action != Action::Default)
     }
 }

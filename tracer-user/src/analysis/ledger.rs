@@ -3,8 +3,13 @@
 //! RM objects live in a client (hRoot); freeing an object frees its descendants, and all of a
 //! client's objects go when the file that created the client is released. The ledger follows
 //! that tree and attributes each allocation to the file that created its client.
+//!
+//! It also keeps what crosses processes: objects another client duplicated (RM_DUP_OBJECT,
+//! legacy CUDA IPC handles) and objects exported to and imported from file descriptors
+//! (cuMem shareable handles, NCCL, PyTorch's expandable segments): memory such an importer
+//! holds outlives its exporter's files.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 use tracer_common::driver::{
@@ -13,8 +18,35 @@ use tracer_common::driver::{
     NV01_ROOT_NON_PRIV, NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
 };
 
-use super::holders::FileId;
+use super::{holders::FileId, memory::ImportVia};
 use crate::event::{Event, EventData};
+
+/// NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD and the batch form EXPORT_OBJECTS_TO_FD.
+const CTRL_EXPORT_TO_FD: [u32; 2] = [0x3d05, 0x3d0b];
+/// NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECT_FROM_FD and IMPORT_OBJECTS_FROM_FD.
+const CTRL_IMPORT_FROM_FD: [u32; 2] = [0x3d06, 0x3d0c];
+/// Allocations kept for telling an allocation from an import in NVML's figures.
+const RECENT_NS: u64 = 30_000_000_000;
+
+/// An object of one client duplicated into another's.
+#[derive(Clone, Debug)]
+struct Dup {
+    pid: u32,
+    client: u32,
+    handle: u32,
+    src_client: u32,
+    src_handle: u32,
+}
+
+/// A process that imported another's objects, as the ledger saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportSeen {
+    pub importer: u32,
+    /// The imported objects' size, when the ledger knows it.
+    pub bytes: Option<u64>,
+    pub via: ImportVia,
+    pub t_ns: u64,
+}
 
 #[derive(Clone, Debug)]
 struct Object {
@@ -60,7 +92,16 @@ pub struct Ledger {
     objects: HashMap<u32, HashMap<u32, Object>>,
     /// Client handle → the file whose ioctl created it.
     clients: HashMap<u32, FileId>,
+    /// Client handle → the process that created it.
+    creators: HashMap<u32, u32>,
     failed: Vec<FailedAlloc>,
+    /// Duplicates of other clients' objects still alive, with when they were made.
+    dups: Vec<(Dup, u64)>,
+    /// (pid, client, when) of exports to and imports from file descriptors.
+    fd_exports: Vec<(u32, u32, u64)>,
+    fd_imports: Vec<(u32, u32, u64)>,
+    /// Recent video memory allocations: (when, pid, bytes).
+    recent: VecDeque<(u64, u32, u64)>,
 }
 
 impl Ledger {
@@ -73,6 +114,7 @@ impl Ledger {
             h_object,
             h_class,
             status,
+            ctrl_cmd,
             size,
             ..
         } = &e.data
@@ -100,6 +142,17 @@ impl Ledger {
                 }
                 if matches!(*h_class, NV01_ROOT | NV01_ROOT_NON_PRIV | NV01_ROOT_CLIENT) {
                     self.clients.insert(*h_object, *file);
+                    self.creators.insert(*h_object, e.pid);
+                }
+                if is_video(*h_class) && *size > 0 {
+                    self.recent.push_back((e.ts_ns, e.pid, *size));
+                    while self
+                        .recent
+                        .front()
+                        .is_some_and(|r| r.0 + RECENT_NS < e.ts_ns)
+                    {
+                        self.recent.pop_front();
+                    }
                 }
                 self.clients.entry(*h_root).or_insert(*file);
                 self.objects.entry(*h_root).or_default().insert(
@@ -112,8 +165,99 @@ impl Ledger {
                 );
             }
             driver::RM_FREE if *status == 0 => self.free(*h_root, *h_object),
+            driver::RM_DUP_OBJECT if *status == 0 => {
+                self.clients.entry(*h_root).or_insert(*file);
+                let dup = Dup {
+                    pid: e.pid,
+                    client: *h_root,
+                    handle: *h_object,
+                    src_client: *ctrl_cmd,
+                    src_handle: *h_class,
+                };
+                self.dups.push((dup, e.ts_ns));
+            }
+            driver::RM_CONTROL if *status == 0 => {
+                let ctrl = *ctrl_cmd & 0xffff;
+                if CTRL_EXPORT_TO_FD.contains(&ctrl) {
+                    self.fd_exports.push((e.pid, *h_root, e.ts_ns));
+                } else if CTRL_IMPORT_FROM_FD.contains(&ctrl) {
+                    self.fd_imports.push((e.pid, *h_root, e.ts_ns));
+                }
+            }
             _ => {}
         }
+    }
+
+    /// Who imported objects of the clients created through `files` (the victim's), and how
+    /// much where known. An fd import counts when it came after one of the victim's exports.
+    pub fn imports_from(&self, files: &[FileId]) -> Vec<ImportSeen> {
+        let mine = |client: &u32| self.clients.get(client).is_some_and(|f| files.contains(f));
+        let mut out: Vec<ImportSeen> = Vec::new();
+        for (d, t_ns) in &self.dups {
+            if !mine(&d.src_client) || mine(&d.client) {
+                continue;
+            }
+            let size = self
+                .objects
+                .get(&d.src_client)
+                .and_then(|o| o.get(&d.src_handle))
+                .filter(|o| is_video(o.class))
+                .map(|o| o.size);
+            match out
+                .iter_mut()
+                .find(|i| i.importer == d.pid && i.via == ImportVia::DupObject)
+            {
+                Some(i) => i.bytes = Some(i.bytes.unwrap_or(0) + size.unwrap_or(0)),
+                None => out.push(ImportSeen {
+                    importer: d.pid,
+                    bytes: size,
+                    via: ImportVia::DupObject,
+                    t_ns: *t_ns,
+                }),
+            }
+        }
+        let exported = self
+            .fd_exports
+            .iter()
+            .filter(|(_, client, _)| mine(client))
+            .map(|(_, _, t)| *t)
+            .min();
+        if let Some(first_export) = exported {
+            for (pid, client, t_ns) in &self.fd_imports {
+                if *t_ns >= first_export && !mine(client) && !out.iter().any(|i| i.importer == *pid)
+                {
+                    out.push(ImportSeen {
+                        importer: *pid,
+                        bytes: None,
+                        via: ImportVia::FdImport,
+                        t_ns: *t_ns,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Processes that created the clients of `files` (the owners of their memory).
+    pub fn allocators(&self, files: &[FileId]) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .clients
+            .iter()
+            .filter(|(_, f)| files.contains(f))
+            .filter_map(|(c, _)| self.creators.get(c).copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Video memory `pid` allocated in `[from, to]`.
+    pub fn allocated(&self, pid: u32, from: u64, to: u64) -> u64 {
+        self.recent
+            .iter()
+            .filter(|(t, p, _)| *p == pid && (from..=to).contains(t))
+            .map(|(_, _, b)| b)
+            .sum()
     }
 
     /// Frees `handle` of `client` and everything below it (the whole client when it is the
@@ -122,8 +266,14 @@ impl Ledger {
         if handle == client {
             self.objects.remove(&client);
             self.clients.remove(&client);
+            self.creators.remove(&client);
+            self.dups.retain(|(d, _)| d.client != client);
+            self.fd_imports.retain(|(_, c, _)| *c != client);
+            self.fd_exports.retain(|(_, c, _)| *c != client);
             return;
         }
+        self.dups
+            .retain(|(d, _)| !(d.client == client && d.handle == handle));
         let Some(objects) = self.objects.get_mut(&client) else {
             return;
         };
@@ -164,10 +314,7 @@ impl Ledger {
         let mut b = Bytes::default();
         for o in self.live_of(files) {
             match o.class {
-                NV01_MEMORY_LOCAL_USER
-                | NV01_MEMORY_LOCAL_PRIVILEGED
-                | NV01_MEMORY_LOCAL_PHYSICAL
-                | NV_MEMORY_FABRIC => b.video += o.size,
+                c if is_video(c) => b.video += o.size,
                 NV01_MEMORY_SYSTEM | NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => b.system += o.size,
                 NV50_MEMORY_VIRTUAL => b.virtual_reserved += o.size,
                 _ => {}
@@ -205,6 +352,17 @@ impl Ledger {
             .cloned()
             .collect()
     }
+}
+
+/// Physical video memory classes.
+fn is_video(class: u32) -> bool {
+    matches!(
+        class,
+        NV01_MEMORY_LOCAL_USER
+            | NV01_MEMORY_LOCAL_PRIVILEGED
+            | NV01_MEMORY_LOCAL_PHYSICAL
+            | NV_MEMORY_FABRIC
+    )
 }
 
 pub fn class_name(class: u32) -> &'static str {

@@ -4,9 +4,18 @@ pub mod correlate;
 pub mod holders;
 pub mod incident;
 pub mod ledger;
+pub mod losses;
+pub mod memory;
+pub mod notice;
 pub mod signals;
+mod snapshot;
+pub mod storm;
 pub mod teardown;
+pub mod termination;
+#[cfg(test)]
+mod tests;
 pub mod verdict;
 
-pub use correlate::{Correlator, CorrelatorConfig};
+pub use correlate::{Correlator, CorrelatorConfig, Output};
 pub use incident::Incident;
+pub use notice::SignalNotice;

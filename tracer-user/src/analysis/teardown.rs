@@ -1,6 +1,8 @@
-//! Where a dying GPU process's teardown time went, from its kernel stacks: on-CPU samples
-//! weighted by the time since the thread's previous sample, and sleeps by their length, each
-//! classified into a phase by the frames it passes through.
+//! Where a dying GPU process's teardown time went, from its kernel stacks: the timeline of the
+//! thread that ends the group (it runs the exit path's release of the files) is cut at its
+//! samples, each piece classified into a phase by the frames of the stack that ends it: an
+//! on-CPU sample covers the time since the thread's previous sample, a sleep its length. The
+//! phases partition the interval; what no sample covers is left out (`phases_coverage`).
 //!
 //! A sample's weight is not capped: the driver spins with interrupts off for tens of
 //! milliseconds (GSP RPC polling; a 43 ms gap was seen on the H200), and the timer fires only
@@ -15,6 +17,9 @@ use crate::event::{DriverFunc, SampleKind};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Waiting for a lock (rwsem, mutex, semaphore, spinlock): in a storm, for another
+    /// process's teardown inside the driver.
+    LockWait,
     /// `uvm_release_entry` and the va_space destroy below it.
     UvmTeardown,
     /// `nvidia_close` → `rm_cleanup_file_private`: freeing the RM clients.
@@ -23,30 +28,63 @@ pub enum Phase {
     Mm,
     /// Sleeping in a driver queue flush (`nv_kthread_q_flush`, `os_flush_work_queue`).
     QueueFlush,
+    /// Unpinning and freeing host memory the GPU used (pinned buffers: `os_unlock_user_pages`,
+    /// `unpin_user_page`; their shmem backing).
+    HostMemory,
     Other,
 }
 
 impl Phase {
     pub fn label(self) -> &'static str {
         match self {
+            Self::LockWait => "lock wait",
             Self::UvmTeardown => "UVM teardown",
             Self::RmClient => "RM client",
             Self::Mm => "mm",
             Self::QueueFlush => "queue flush",
+            Self::HostMemory => "host memory",
             Self::Other => "other",
         }
     }
 }
 
+/// Frames of a task waiting for a lock, asleep or spinning.
+const LOCK_SLOWPATHS: [&str; 9] = [
+    "rwsem_down_",
+    "rwsem_spin_on_owner",
+    "__mutex_lock",
+    "mutex_spin_on_owner",
+    "osq_lock",
+    "__down_common",
+    "native_queued_spin_lock_slowpath",
+    "__pv_queued_spin_lock_slowpath",
+    "queued_spin_lock_slowpath",
+];
+
+/// Frames of host memory the GPU used being unpinned and freed.
+const HOST_MEMORY: [&str; 4] = [
+    "os_unlock_user_pages",
+    "unpin_user_page",
+    "shmem_evict_inode",
+    "shmem_undo_range",
+];
+
+/// Frames of a release the driver handed to its own thread.
+const DEFERRED_RELEASE: [&str; 2] = ["nvidia_close_deferred", "uvm_release_deferred"];
+
 /// A stack's phase (innermost frame first), and whether it waits on the GPU's firmware.
 pub fn classify(frames: &[String]) -> (Phase, bool) {
     let any = |pred: &dyn Fn(&str) -> bool| frames.iter().any(|f| pred(f));
     let gsp = any(&|f| f.contains("_GSP") || f.contains("kgspRpc"));
-    let phase = if any(&|f| f.starts_with("exit_mmap") || f.starts_with("unmap_vmas")) {
+    let phase = if any(&|f| LOCK_SLOWPATHS.iter().any(|l| f.starts_with(l))) {
+        Phase::LockWait
+    } else if any(&|f| f.starts_with("exit_mmap") || f.starts_with("unmap_vmas")) {
         Phase::Mm
     } else if any(&|f| f.starts_with("nv_kthread_q_flush") || f.starts_with("os_flush_work_queue"))
     {
         Phase::QueueFlush
+    } else if any(&|f| HOST_MEMORY.iter().any(|h| f.starts_with(h))) {
+        Phase::HostMemory
     } else if any(&|f| f.starts_with("uvm_") || f.ends_with("[nvidia_uvm]")) {
         Phase::UvmTeardown
     } else if any(&|f| f.ends_with("[nvidia]")) {
@@ -129,39 +167,42 @@ impl TeardownLog {
         });
     }
 
-    /// Phase times within `[from, to]`, largest first.
-    pub fn phases(&self, stacks: &HashMap<i32, Vec<String>>, from: u64, to: u64) -> Vec<PhaseTime> {
+    /// Phase times of thread `tid` within `[from, to]`, largest first, and the share of the
+    /// interval they cover. Each sample ends a piece of the thread's timeline: an on-CPU one
+    /// the time since the previous sample, a sleep's start the time it ran before sleeping,
+    /// a sleep's end the sleep.
+    pub fn phases(
+        &self,
+        stacks: &HashMap<i32, Vec<String>>,
+        tid: u32,
+        from: u64,
+        to: u64,
+    ) -> (Vec<PhaseTime>, Option<f64>) {
+        if to <= from {
+            return (Vec::new(), None);
+        }
         let mut by: HashMap<Phase, (u64, u64)> = HashMap::new();
-        let mut last: HashMap<u32, u64> = HashMap::new();
-        let mut add = |stack_id: i32, ns: u64| {
-            let (phase, gsp) = stacks
-                .get(&stack_id)
-                .map_or((Phase::Other, false), |f| classify(f));
-            let e = by.entry(phase).or_default();
-            e.0 += ns;
-            if gsp {
-                e.1 += ns;
+        let mut last = from;
+        for s in self.samples.iter().filter(|s| s.tid == tid) {
+            let end = s.t_ns.min(to);
+            let start = match s.kind {
+                SampleKind::BlockEnd => s.t_ns.saturating_sub(s.blocked_ns).max(last),
+                SampleKind::OnCpu | SampleKind::BlockStart => last,
             }
-        };
-        for s in &self.samples {
-            match s.kind {
-                SampleKind::OnCpu => {
-                    let prev = last.insert(s.tid, s.t_ns).unwrap_or(from).max(from);
-                    if (from..=to).contains(&s.t_ns) {
-                        add(s.stack_id, s.t_ns.saturating_sub(prev));
-                    }
+            .max(from);
+            if end > start {
+                let (phase, gsp) = stacks
+                    .get(&s.stack_id)
+                    .map_or((Phase::Other, false), |f| classify(f));
+                let e = by.entry(phase).or_default();
+                e.0 += end - start;
+                if gsp {
+                    e.1 += end - start;
                 }
-                SampleKind::BlockEnd => {
-                    let start = s.t_ns.saturating_sub(s.blocked_ns).max(from);
-                    let end = s.t_ns.min(to);
-                    if end > start {
-                        add(s.stack_id, end - start);
-                    }
-                    last.insert(s.tid, s.t_ns);
-                }
-                SampleKind::BlockStart => {
-                    last.insert(s.tid, s.t_ns);
-                }
+            }
+            last = last.max(s.t_ns);
+            if last >= to {
+                break;
             }
         }
         let mut v: Vec<PhaseTime> = by
@@ -169,7 +210,40 @@ impl TeardownLog {
             .map(|(name, (ns, gsp_ns))| PhaseTime { name, ns, gsp_ns })
             .collect();
         v.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.name.cmp(&b.name)));
-        v
+        let covered: u64 = v.iter().map(|p| p.ns).sum();
+        let coverage = (!v.is_empty()).then(|| covered as f64 / (to - from) as f64);
+        (v, coverage)
+    }
+
+    /// Evidence that the driver deferred the release to its own thread: the hooks saw
+    /// `nvidia_close_deferred`, a sampled stack ran a deferred release, or the process woke
+    /// UVM's deferred release queue. Ordinary wake-ups of UVM's bottom-half and channel
+    /// threads are not.
+    pub fn deferral(&self, stacks: &HashMap<i32, Vec<String>>) -> Option<String> {
+        if let Some(c) = self
+            .calls
+            .iter()
+            .find(|c| c.func == DriverFunc::NvidiaCloseDeferred)
+        {
+            return Some(format!(
+                "the driver hooks timed nvidia_close_deferred ({:.1} ms) on a driver thread",
+                (c.end_ns - c.start_ns) as f64 / 1e6
+            ));
+        }
+        let sampled = self.samples.iter().find_map(|s| {
+            stacks
+                .get(&s.stack_id)?
+                .iter()
+                .find(|f| DEFERRED_RELEASE.iter().any(|d| f.starts_with(d)))
+                .map(|f| (s.tid, f.clone()))
+        });
+        if let Some((tid, frame)) = sampled {
+            return Some(format!("thread {tid} ran {frame} for it"));
+        }
+        self.wakeups
+            .iter()
+            .find(|(_, _, comm)| comm.starts_with("UVM deferred"))
+            .map(|(_, tid, comm)| format!("it handed its release to {comm}[{tid}]"))
     }
 
     /// The hooked release within `[from, to]`, if the hooks saw one.

@@ -4,8 +4,9 @@
 use serde::Serialize;
 
 use super::{
-    incident::Incident,
-    teardown::{Phase, PhaseTime},
+    holders::{Holder, How},
+    incident::{Incident, Source},
+    memory::ImportVia,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -15,18 +16,23 @@ pub enum VerdictKind {
     Released,
     /// Other processes held the dead process's GPU files.
     SharedFd,
+    /// Another process imported some of its memory (CUDA IPC, an exported handle) and holds it.
+    Imported,
     /// The driver handed the release to one of its kthreads.
     DeferredClose,
     /// A thread sleeps uninterruptibly inside the driver.
     StuckInDriver,
-    /// The memory came back, but slowly.
+    /// The memory came back, but slowly (or is still on its way after `slow_after`).
     SlowTeardown,
     /// The fatal signal is pending but the process does not exit.
     NotDelivered,
     /// NVML accounts the memory to a pid that cannot be seen here.
     PidUnresolved,
-    /// Memory still in use though no known process holds the files.
+    /// Memory still in use though no known process holds the files or imported them.
     UnknownHolder,
+    /// The memory appears back but the kernel lost records while this was traced, and NVML
+    /// did not confirm it: linger cannot vouch for it.
+    Incomplete,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -39,14 +45,17 @@ pub struct Verdict {
 }
 
 /// What the verdict needs beyond the incident itself.
-pub struct Context<'a> {
-    pub phases: &'a [PhaseTime],
-    /// Driver kthreads the process woke: (when, tid, comm).
-    pub wakeups: &'a [(u64, u32, String)],
+pub struct Context {
+    /// Evidence that the driver deferred the release to its own thread.
+    pub deferral: Option<String>,
     /// Threads asleep when the incident closed: (tid, since, innermost frames).
     pub asleep: Vec<(u32, u64, Vec<String>)>,
     /// NVML pids on the target's GPUs that no traced process matches.
     pub unknown_nvml_pids: Vec<u32>,
+    /// Whether NVML still lists the target's pid (None without NVML).
+    pub still_listed: Option<bool>,
+    /// Other teardowns on its GPU are under way: NVML lags behind them.
+    pub others_in_flight: bool,
     pub slow_after_ns: u64,
     pub now_ns: u64,
 }
@@ -57,19 +66,16 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         return undead(inc, cx);
     };
     let gpu = inc.gpu.as_ref()?;
-    if !inc.holders.is_empty() {
-        let evidence = inc
-            .holders
+    let (importers, fd_holders): (Vec<&Holder>, Vec<&Holder>) = inc
+        .holders
+        .iter()
+        .partition(|h| matches!(h.how, How::Import { .. }));
+    if !fd_holders.is_empty() {
+        let evidence = fd_holders
             .iter()
-            .map(|h| {
-                let how = serde_json::to_value(h.how)
-                    .ok()
-                    .and_then(|v| v.get("how").and_then(|s| s.as_str()).map(String::from))
-                    .unwrap_or_default();
-                format!("{}[{}] holds fds {:?} ({how})", h.comm, h.pid, h.fds)
-            })
+            .map(|h| format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)))
             .collect();
-        let pids: Vec<String> = inc.holders.iter().map(|h| h.pid.to_string()).collect();
+        let pids: Vec<String> = fd_holders.iter().map(|h| h.pid.to_string()).collect();
         return Some(Verdict {
             kind: VerdictKind::SharedFd,
             evidence,
@@ -80,42 +86,82 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
             ),
         });
     }
-    let back = gpu.t_memory_back_ns;
-    if back.is_none() && gpu.nvml_used_before.is_some() {
-        if !cx.unknown_nvml_pids.is_empty() {
+    if !importers.is_empty() {
+        let evidence = importers
+            .iter()
+            .map(|h| match h.how {
+                How::Import { bytes, via, .. } => format!(
+                    "{}[{}] holds {} it imported ({})",
+                    h.comm,
+                    h.pid,
+                    gib(bytes),
+                    match via {
+                        ImportVia::DupObject => "RM_DUP_OBJECT of its memory: a CUDA IPC handle",
+                        ImportVia::FdImport =>
+                            "objects imported from a file descriptor it exported",
+                        ImportVia::Nvml => "NVML accounts it to that pid now; no ioctl evidence",
+                    }
+                ),
+                _ => String::new(),
+            })
+            .collect();
+        let pids: Vec<String> = importers.iter().map(|h| h.pid.to_string()).collect();
+        return Some(Verdict {
+            kind: VerdictKind::Imported,
+            evidence,
+            hint: format!(
+                "the importer keeps it until it frees the handle or exits: stop {} or have it \
+                 release the shared tensor",
+                pids.join(", ")
+            ),
+        });
+    }
+    let Some(back) = gpu.t_memory_back_ns else {
+        let released = gpu.t_files_released_ns.is_some();
+        if released && cx.still_listed == Some(false) && !cx.others_in_flight {
+            if !cx.unknown_nvml_pids.is_empty() {
+                return Some(Verdict {
+                    kind: VerdictKind::PidUnresolved,
+                    evidence: vec![format!(
+                        "NVML lists pid(s) {:?} on the GPU, which no traced process matches",
+                        cx.unknown_nvml_pids
+                    )],
+                    hint: "those pids live in another pid namespace or are gone; run linger on \
+                           the host, or look them up with `linger holders`"
+                        .into(),
+                });
+            }
             return Some(Verdict {
-                kind: VerdictKind::PidUnresolved,
+                kind: VerdictKind::UnknownHolder,
                 evidence: vec![format!(
-                    "NVML lists pid(s) {:?} on the GPU, which no traced process matches",
-                    cx.unknown_nvml_pids
+                    "NVML no longer lists pid {}, but the device's used memory has not come down \
+                     by its share ({} of {} back) {:.1} ms after its files were released",
+                    inc.target.pid,
+                    gib(gpu.released_bytes),
+                    gib(gpu.share_bytes),
+                    ms(cx
+                        .now_ns
+                        .saturating_sub(gpu.t_files_released_ns.unwrap_or(dead)))
                 )],
-                hint: "those pids live in another pid namespace or are gone; run linger on the \
-                       host, or look them up with `linger holders`"
+                hint: "something outside linger's view keeps it: an importer seen by neither \
+                       ioctls nor NVML, an MPS server, or a process in another namespace; see \
+                       `linger holders`"
                     .into(),
             });
         }
         return Some(Verdict {
-            kind: VerdictKind::UnknownHolder,
+            kind: VerdictKind::SlowTeardown,
             evidence: vec![format!(
-                "NVML still accounts memory to pid {} {:.1} ms after its last GPU file holder went",
-                inc.target.pid,
-                ms(cx
-                    .now_ns
-                    .saturating_sub(gpu.t_files_released_ns.unwrap_or(dead)))
+                "its teardown is still under way {:.0} ms after the group died",
+                ms(cx.now_ns.saturating_sub(dead))
             )],
-            hint: "something outside linger's view keeps it: a CUDA IPC importer, an MPS server, \
-                   or a process in another namespace; see `linger holders`"
+            hint: "large allocations, pinned host memory and other processes' teardowns \
+                   (lock waits) slow the driver; an update follows when the memory is back"
                 .into(),
         });
-    }
-    // Without NVML's word, the dying task is done with its files when it becomes a zombie.
-    let end = back
-        .or(inc.t_zombie_ns)
-        .or(gpu.t_files_released_ns)
-        .unwrap_or(dead);
-    let took = end.saturating_sub(dead);
-    let dominant = cx.phases.first();
-    let breakdown: Vec<String> = cx
+    };
+    let took = back.saturating_sub(dead);
+    let breakdown: Vec<String> = inc
         .phases
         .iter()
         .map(|p| match p.gsp_ns {
@@ -128,22 +174,34 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
             ),
         })
         .collect();
-    if let Some((t, tid, comm)) = cx.wakeups.first() {
-        let deferred = cx.phases.iter().any(|p| p.name == Phase::QueueFlush);
-        if comm.starts_with("nv_queue") || deferred {
-            return Some(Verdict {
-                kind: VerdictKind::DeferredClose,
-                evidence: vec![format!(
-                    "woke {comm}[{tid}] at +{:.1} ms; memory back {:.1} ms after the group died",
-                    ms(t.saturating_sub(inc.t_signal_ns)),
-                    ms(took)
-                )],
-                hint: "the driver finished the release in its own thread; repeated deferrals \
-                       point at a suspend/resume or a busy driver lock"
-                    .into(),
-            });
-        }
+    if !inc.losses.is_empty() && gpu.memory_back_by != Some(Source::Nvml) {
+        let lost: Vec<String> = inc
+            .losses
+            .iter()
+            .map(|l| format!("{} {:?}", l.count, l.what).to_lowercase())
+            .collect();
+        return Some(Verdict {
+            kind: VerdictKind::Incomplete,
+            evidence: vec![format!(
+                "the kernel lost records while this was traced ({}); holders may be missing",
+                lost.join(", ")
+            )],
+            hint: "raise --ring-size, or run linger where NVML can confirm the release".into(),
+        });
     }
+    if let Some(deferred) = &cx.deferral {
+        return Some(Verdict {
+            kind: VerdictKind::DeferredClose,
+            evidence: vec![
+                deferred.clone(),
+                format!("memory back {:.1} ms after the group died", ms(took)),
+            ],
+            hint: "the driver finished the release in its own thread; repeated deferrals \
+                   point at a suspend/resume or a busy driver lock"
+                .into(),
+        });
+    }
+    let dominant = inc.phases.first();
     let kind = if took > cx.slow_after_ns {
         VerdictKind::SlowTeardown
     } else {
@@ -151,22 +209,21 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
     };
     let hint = match (kind, dominant) {
         (VerdictKind::SlowTeardown, Some(p)) => format!(
-            "teardown took {:.0} ms, mostly {}: large allocations and GSP firmware calls cost \
-             time; free GPU memory before exiting to shorten it",
+            "teardown took {:.0} ms, mostly {}: large allocations, pinned host memory and GSP \
+             firmware calls cost time; free GPU memory before exiting to shorten it",
             ms(took),
             p.name.label()
         ),
         (VerdictKind::SlowTeardown, None) => format!("teardown took {:.0} ms", ms(took)),
-        _ => match back {
-            Some(b) => format!(
-                "nothing to do: the memory was back {:.1} ms after the kill",
-                ms(b.saturating_sub(inc.t_signal_ns))
-            ),
-            None => format!(
-                "nothing to do: it finished releasing its GPU files {:.1} ms after the kill",
-                ms(end.saturating_sub(inc.t_signal_ns))
-            ),
-        },
+        _ => format!(
+            "nothing to do: the memory was back {:.1} ms after {}",
+            ms(back.saturating_sub(inc.t_signal_ns)),
+            if inc.signal == 0 {
+                "the exit"
+            } else {
+                "the kill"
+            }
+        ),
     };
     Some(Verdict {
         kind,
@@ -175,11 +232,30 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
     })
 }
 
+fn how(h: &Holder) -> &'static str {
+    match h.how {
+        How::Open { .. } => "opened the device itself",
+        How::Dup { .. } => "dup",
+        How::Fork { .. } => "inherited at fork",
+        How::SharedTable { .. } => "shares the descriptor table",
+        How::Snapshot => "held before tracing began",
+        How::Seen { .. } => "found in its descriptor table",
+        How::Import { .. } => "imported",
+    }
+}
+
+/// Bytes as GiB with one decimal (MiB below 1 GiB).
+pub fn gib(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if bytes as f64 >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
 /// The process never died: blocked in the driver, or the signal was never taken.
 fn undead(inc: &Incident, cx: &Context) -> Option<Verdict> {
-    if inc.outcome == super::incident::Outcome::Survived {
-        return None;
-    }
     let in_driver = cx.asleep.iter().find(|(_, _, frames)| {
         frames
             .iter()
@@ -211,116 +287,4 @@ fn undead(inc: &Incident, cx: &Context) -> Option<Verdict> {
                uninterruptibly (see /proc/PID/stack) or the process is stopped or traced"
             .into(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    //! The decision on incidents shaped like the rare cases, which need a broken driver or
-    //! another pid namespace to happen for real; the common ones (released, shared_fd) are
-    //! tested on H200 recordings (tests/tests/h200_replay.rs).
-
-    use super::*;
-    use crate::analysis::{
-        incident::{GpuImpact, Incident, Outcome, Sender, Target},
-        signals::Origin,
-    };
-
-    fn incident(dead: Option<u64>, back: Option<u64>, listed_before: bool) -> Incident {
-        Incident {
-            record_type: "incident",
-            id: 1,
-            signal: 9,
-            signal_name: "SIGKILL".into(),
-            origin: Origin::User,
-            si_code: 0,
-            sender: Sender {
-                pid: 1,
-                tid: 1,
-                comm: "bash".into(),
-                context_pid: None,
-            },
-            target: Target {
-                pid: 42,
-                comm: "python3".into(),
-                threads: 2,
-            },
-            t_signal_ns: 1_000,
-            repeats: 0,
-            deliveries: Vec::new(),
-            exits: Vec::new(),
-            t_group_dead_ns: dead,
-            exit: None,
-            t_zombie_ns: None,
-            t_reaped_ns: None,
-            reaper: None,
-            outcome: Outcome::Pending,
-            gpu: Some(GpuImpact {
-                bytes_ledger: 1 << 30,
-                ledger: Default::default(),
-                classes: Vec::new(),
-                bytes_nvml: Some(1 << 30),
-                nvml_used_before: listed_before.then_some(2 << 30),
-                t_memory_back_ns: back,
-                t_files_released_ns: dead,
-                files: Vec::new(),
-            }),
-            holders: Vec::new(),
-            phases: Vec::new(),
-            release: None,
-            verdict: None,
-            collateral: Vec::new(),
-            teardown_stacks: Vec::new(),
-        }
-    }
-
-    fn cx<'a>(phases: &'a [PhaseTime], wakeups: &'a [(u64, u32, String)]) -> Context<'a> {
-        Context {
-            phases,
-            wakeups,
-            asleep: Vec::new(),
-            unknown_nvml_pids: Vec::new(),
-            slow_after_ns: 1_000_000_000,
-            now_ns: 40_000_000_000,
-        }
-    }
-
-    fn kind(inc: &Incident, cx: &Context) -> VerdictKind {
-        decide(inc, cx).expect("a verdict").kind
-    }
-
-    #[test]
-    fn a_thread_asleep_in_the_driver_is_stuck_and_one_that_never_took_the_signal_is_not_delivered()
-    {
-        let inc = incident(None, None, true);
-        let mut c = cx(&[], &[]);
-        assert_eq!(kind(&inc, &c), VerdictKind::NotDelivered);
-        c.asleep = vec![(43, 2_000, vec!["nv_kthread_q_flush[nvidia]".into()])];
-        assert_eq!(kind(&inc, &c), VerdictKind::StuckInDriver);
-    }
-
-    #[test]
-    fn memory_nvml_keeps_without_holders_is_unknown_or_unresolved() {
-        let inc = incident(Some(5_000), None, true);
-        let mut c = cx(&[], &[]);
-        assert_eq!(kind(&inc, &c), VerdictKind::UnknownHolder);
-        c.unknown_nvml_pids = vec![777];
-        assert_eq!(kind(&inc, &c), VerdictKind::PidUnresolved);
-    }
-
-    #[test]
-    fn teardown_speed_and_deferral() {
-        let quick = incident(Some(5_000), Some(130_000_000), true);
-        let slow = incident(Some(5_000), Some(3_000_000_000), true);
-        let phases = [PhaseTime {
-            name: Phase::UvmTeardown,
-            ns: 2_900_000_000,
-            gsp_ns: 0,
-        }];
-        assert_eq!(kind(&quick, &cx(&[], &[])), VerdictKind::Released);
-        let verdict = decide(&slow, &cx(&phases, &[])).expect("a verdict");
-        assert_eq!(verdict.kind, VerdictKind::SlowTeardown);
-        assert!(verdict.hint.contains("UVM teardown"), "{}", verdict.hint);
-        let woke = [(6_000, 99, "nv_queue".to_string())];
-        assert_eq!(kind(&quick, &cx(&[], &woke)), VerdictKind::DeferredClose);
-    }
 }

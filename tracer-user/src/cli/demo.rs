@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &mut std::io::stdout().lock(),
     )?;
 
-    if incidents.is_empty() {
+    if incidents == 0 {
         bail!("no incident seen for the demo child {pid}");
     }
     Ok(())

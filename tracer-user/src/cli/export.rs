@@ -2,6 +2,7 @@
 //! killed processes spend their time (folded stacks, SVG).
 
 use std::{
+    collections::BTreeMap,
     fs::File,
     io::{BufWriter, Write},
     ops::ControlFlow,
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::Context;
 use tracer_user::{
-    analysis::{Correlator, Incident},
+    analysis::{Correlator, Incident, Output},
     sink::{folded, perfetto::ChromeTrace},
 };
 
@@ -51,24 +52,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = BufWriter::new(out);
-    let mut closed = Vec::new();
+    let mut outputs = Vec::new();
+    // Each incident as last reported (updates replace the first record).
+    let mut incidents: BTreeMap<u64, Incident> = BTreeMap::new();
+    let mut keep = |outputs: &mut Vec<Output>| {
+        for o in outputs.drain(..) {
+            if let Output::Incident(inc) = o {
+                incidents.insert(inc.id, *inc);
+            }
+        }
+    };
     let reading = format!("reading {}", args.file.display());
     match args.format {
         Format::Perfetto | Format::Chrome => {
             let mut trace = ChromeTrace::new(&mut out)?;
             let mut failure = None;
-            let draw = |trace: &mut ChromeTrace<_>, incidents: &mut Vec<Incident>| {
-                incidents
-                    .drain(..)
-                    .try_for_each(|inc| trace.on_incident(&inc))
-            };
             let read = replay.run(
                 |e| {
-                    correlator.on_event(e, &mut closed);
-                    match trace
-                        .on_event(e)
-                        .and_then(|()| draw(&mut trace, &mut closed))
-                    {
+                    correlator.on_event(e, &mut outputs);
+                    keep(&mut outputs);
+                    match trace.on_event(e) {
                         Ok(()) => ControlFlow::Continue(()),
                         Err(err) => {
                             failure = Some(err);
@@ -83,24 +86,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if let Some(e) = failure {
                 return Err(e.into());
             }
-            correlator.finish(&mut closed);
-            draw(&mut trace, &mut closed)?;
+            correlator.finish(&mut outputs);
+            keep(&mut outputs);
+            for inc in incidents.values() {
+                trace.on_incident(inc)?;
+            }
             trace.name_processes(replay.processes());
             trace.finish()?;
         }
         Format::Folded | Format::Svg => {
-            let mut incidents = Vec::new();
             let read = replay.run(
                 |e| {
-                    correlator.on_event(e, &mut closed);
-                    incidents.append(&mut closed);
+                    correlator.on_event(e, &mut outputs);
+                    keep(&mut outputs);
                     ControlFlow::Continue(())
                 },
                 |at| progress.set(at),
             );
             progress.finish();
             read.context(reading)?;
-            correlator.finish(&mut incidents);
+            correlator.finish(&mut outputs);
+            keep(&mut outputs);
+            let incidents: Vec<Incident> = incidents.into_values().collect();
             let lines = folded::lines(&incidents);
             if matches!(args.format, Format::Svg) {
                 folded::svg(&lines, &mut out)?;

@@ -5,7 +5,7 @@ use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::Context;
 use log::{debug, info};
 use tracer_user::{
-    analysis::{signals, CorrelatorConfig, Incident},
+    analysis::{signals, CorrelatorConfig},
     clock::{boottime_ns, WallAnchor},
     event::{DriverHooks, Event, EventData},
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
@@ -112,13 +112,13 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
     })?)
 }
 
-/// Runs the live pipeline over loaded probes, writing incidents to `out`; returns them.
+/// Runs the live pipeline over loaded probes, writing incidents to `out`; returns how many.
 pub fn trace(
     mut probes: Probes,
     args: &Args,
     ready: impl FnOnce(),
     out: &mut impl Write,
-) -> anyhow::Result<Vec<Incident>> {
+) -> anyhow::Result<usize> {
     let anchor = WallAnchor::now();
     let config = CorrelatorConfig {
         pids: args.pids.clone(),
@@ -138,7 +138,15 @@ pub fn trace(
         count: args.count,
     };
     let mut report = Report::new(out, output, anchor, config);
-    // How the trace is made goes first in the stream, so replays know it too.
+    // Who traces and how goes first in the stream, so replays know it too.
+    let me = Event::collector(
+        boottime_ns(),
+        EventData::Collector {
+            pid: std::process::id(),
+        },
+    );
+    recorder.event(&me);
+    let _ = report.on_event(&me);
     let strategy = probes.strategy().clone();
     info!("driver hooks: {}", strategy::describe(&strategy));
     for reason in &strategy.reasons {
@@ -155,6 +163,7 @@ pub fn trace(
         args.recording.redact_cmdline,
     );
     let awaited = gpu.awaited();
+    let idle = gpu.idle();
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
@@ -168,6 +177,7 @@ pub fn trace(
             |event| {
                 let flow = report.on_event(event);
                 awaited.store(report.awaiting_gpu_memory(), Ordering::Relaxed);
+                idle.store(report.is_idle(), Ordering::Relaxed);
                 flow
             },
         )

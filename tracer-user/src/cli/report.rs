@@ -5,9 +5,9 @@ use std::{io::Write, ops::ControlFlow};
 
 use serde_json::json;
 use tracer_user::{
-    analysis::{Correlator, CorrelatorConfig, Incident},
+    analysis::{Correlator, CorrelatorConfig, Output as Record},
     clock::WallAnchor,
-    event::{Event, EventData},
+    event::{Event, EventData, LossKind},
     sink::{json, text},
 };
 
@@ -26,8 +26,10 @@ pub struct Report<'a, W: Write> {
     output: Output,
     anchor: WallAnchor,
     correlator: Correlator,
-    closed: Vec<Incident>,
-    all: Vec<Incident>,
+    closed: Vec<Record>,
+    /// Incident records written (updates not counted). Records themselves are not kept: a
+    /// collector runs for months.
+    incidents: usize,
     failure: Option<std::io::Error>,
 }
 
@@ -44,15 +46,15 @@ impl<'a, W: Write> Report<'a, W> {
             anchor,
             correlator: Correlator::new(config),
             closed: Vec::new(),
-            all: Vec::new(),
+            incidents: 0,
             failure: None,
         }
     }
 
     /// Feeds one event; breaks when writing failed or `count` incidents were written.
     pub fn on_event(&mut self, event: &Event) -> ControlFlow<()> {
-        if let EventData::Loss { count } = event.data {
-            if let Err(e) = self.report_loss(event.ts_ns, count) {
+        if let EventData::Loss { count, what } = event.data {
+            if let Err(e) = self.report_loss(event.ts_ns, count, what) {
                 self.failure = Some(e);
                 return ControlFlow::Break(());
             }
@@ -68,13 +70,19 @@ impl<'a, W: Write> Report<'a, W> {
         self.emit()
     }
 
+    /// See [`Correlator::is_idle`].
+    pub fn is_idle(&self) -> bool {
+        self.correlator.is_idle()
+    }
+
     /// Whether an open incident waits for GPU memory to come back.
     pub fn awaiting_gpu_memory(&self) -> bool {
         self.correlator.awaiting_gpu_memory()
     }
 
-    /// Closes what is still open (unless `count` was reached) and returns every incident.
-    pub fn finish(mut self) -> std::io::Result<Vec<Incident>> {
+    /// Closes what is still open (unless `count` was reached); returns the number of
+    /// incidents written.
+    pub fn finish(mut self) -> std::io::Result<usize> {
         if let Some(e) = self.failure.take() {
             return Err(e);
         }
@@ -84,28 +92,30 @@ impl<'a, W: Write> Report<'a, W> {
         }
         match self.failure.take() {
             Some(e) => Err(e),
-            None => Ok(self.all),
+            None => Ok(self.incidents),
         }
     }
 
     fn count_reached(&self) -> bool {
-        self.output.count.is_some_and(|n| self.all.len() >= n)
+        self.output.count.is_some_and(|n| self.incidents >= n)
     }
 
     fn emit(&mut self) -> ControlFlow<()> {
-        for inc in std::mem::take(&mut self.closed) {
+        for record in std::mem::take(&mut self.closed) {
             let written = if self.output.json {
-                json::write_line(self.out, &inc)
+                json::write_line(self.out, &record)
             } else {
                 self.out
-                    .write_all(text::render(&inc, &self.anchor).as_bytes())
+                    .write_all(text::render(&record, &self.anchor).as_bytes())
                     .and_then(|()| self.out.flush())
             };
             if let Err(e) = written {
                 self.failure = Some(e);
                 return ControlFlow::Break(());
             }
-            self.all.push(inc);
+            if matches!(&record, Record::Incident(i) if i.record_type == "incident") {
+                self.incidents += 1;
+            }
             if self.count_reached() {
                 return ControlFlow::Break(());
             }
@@ -113,14 +123,18 @@ impl<'a, W: Write> Report<'a, W> {
         ControlFlow::Continue(())
     }
 
-    fn report_loss(&mut self, ts_ns: u64, count: u64) -> std::io::Result<()> {
+    fn report_loss(&mut self, ts_ns: u64, count: u64, what: LossKind) -> std::io::Result<()> {
         if self.output.json {
             json::write_line(
                 self.out,
-                &json!({"type": "loss", "t_ns": ts_ns, "count": count}),
+                &json!({"type": "loss", "t_ns": ts_ns, "count": count, "what": what}),
             )
         } else {
-            eprintln!("linger: the kernel dropped {count} record(s): ring buffer full");
+            let what = match what {
+                LossKind::Ring => "record(s): ring buffer full".to_string(),
+                other => format!("{other:?} map insert(s): map full").to_lowercase(),
+            };
+            eprintln!("linger: the kernel lost {count} {what}");
             Ok(())
         }
     }

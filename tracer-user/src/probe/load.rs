@@ -136,6 +136,10 @@ impl Probes {
             probes.attach_btf(program, tracepoint, &btf)?;
         }
         probes.attach_tracepoint("signal_deliver", "signal", "signal_deliver")?;
+        // The OOM killer's victims; fires only when it kills.
+        if tracefs::has_event("oom", "mark_victim") {
+            probes.attach_tracepoint("oom_victim", "oom", "mark_victim")?;
+        }
         probes.attach_tracepoint("wait4_exit", "syscalls", "sys_exit_wait4")?;
         probes.fill_gpu_devices(&config.gpu_devices)?;
         for (program, syscalls) in [

@@ -153,8 +153,8 @@ impl<W: Write> ChromeTrace<W> {
             EventData::Reap { reaped_pid, .. } => {
                 self.instant("reap", pid, tid, e.ts_ns, json!({"reaped_pid": reaped_pid}))
             }
-            EventData::Loss { count } => self.write(&TraceEvent {
-                name: "kernel dropped records",
+            EventData::Loss { count, what } => self.write(&TraceEvent {
+                name: "kernel lost records",
                 cat: "loss",
                 ph: "i",
                 ts: us(e.ts_ns),
@@ -162,7 +162,7 @@ impl<W: Write> ChromeTrace<W> {
                 pid: 0,
                 tid: 0,
                 s: Some("g"),
-                args: json!({"count": count}),
+                args: json!({"count": count, "what": what}),
             }),
             EventData::Nvml { gpus } => {
                 let mut holders = BTreeSet::new();
@@ -232,12 +232,11 @@ impl<W: Write> ChromeTrace<W> {
     /// The incident as a slice on the target's main thread, its phases nested inside.
     pub fn on_incident(&mut self, inc: &Incident) -> std::io::Result<()> {
         let pid = inc.target.pid;
-        let sender = if inc.sender.pid == 0 {
-            "kernel".to_string()
-        } else {
-            format!("{}[{}]", inc.sender.comm, inc.sender.pid)
+        let title = match &inc.sender {
+            Some(s) if s.pid == 0 => format!("{} from the kernel", inc.signal_name),
+            Some(s) => format!("{} from {}[{}]", inc.signal_name, s.comm, s.pid),
+            None => format!("{} ({})", inc.signal_name, inc.termination.mode.label()),
         };
-        let title = format!("{} from {sender}", inc.signal_name);
         let end = end_ns(inc);
         self.write(&TraceEvent {
             name: &title,

@@ -4,8 +4,10 @@
 
 use crate::analysis::incident::Incident;
 
-/// From the group's death until NVML shows its GPU memory back.
+/// From the group's death until its GPU memory is back (or its files released).
 pub const RELEASING: &str = "releasing GPU memory";
+/// After its own release, while other processes hold its memory.
+pub const HELD_ELSEWHERE: &str = "GPU memory held by others";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Phase {
@@ -34,16 +36,18 @@ pub fn phases(inc: &Incident) -> Vec<Phase> {
     let Some(exited) = exited else {
         return out;
     };
-    // The GPU memory comes back inside the dying task's teardown, before it is a zombie.
-    let back = inc
-        .gpu
-        .as_ref()
-        .and_then(|g| g.t_memory_back_ns)
-        .filter(|&b| b > exited && inc.t_zombie_ns.is_none_or(|z| b <= z));
-    let exited = match back {
-        Some(back) => {
-            push(RELEASING, exited, Some(back));
-            back
+    // The GPU memory comes back inside the dying task's teardown, before it is a zombie,
+    // unless others hold it.
+    let gpu = inc.gpu.as_ref();
+    let back = gpu.and_then(|g| g.t_memory_back_ns);
+    let released = back
+        .filter(|&b| b > exited && inc.t_zombie_ns.is_none_or(|z| b <= z))
+        .or(gpu.and_then(|g| g.t_files_released_ns))
+        .filter(|&r| r > exited);
+    let exited = match released {
+        Some(r) => {
+            push(RELEASING, exited, Some(r));
+            r
         }
         None => exited,
     };
@@ -53,6 +57,9 @@ pub fn phases(inc: &Incident) -> Vec<Phase> {
             push("zombie", zombie.max(exited), inc.t_reaped_ns);
         }
         None => push("dead", exited, inc.t_reaped_ns),
+    }
+    if let Some(b) = back.filter(|&b| b > exited && inc.t_zombie_ns.is_some_and(|z| b > z)) {
+        push(HELD_ELSEWHERE, exited, Some(b));
     }
     out
 }

@@ -1,41 +1,133 @@
-//! The human report of an incident.
+//! The human report: incidents, their updates, and signals a process survived.
 
 use std::fmt::Write as _;
 
 use crate::{
     analysis::{
         holders::How,
-        incident::{GpuImpact, Incident, Outcome, ReapHow},
-        verdict::VerdictKind,
+        incident::{Action, GpuImpact, Incident, Outcome, ReapHow, Source},
+        memory::ImportVia,
+        termination::{self, Mode},
+        verdict::{gib, VerdictKind},
+        Output, SignalNotice,
     },
     clock::WallAnchor,
 };
 
 const INDENT: &str = "              ";
 
-pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
-    let mut s = String::new();
-    if inc.record_type == "incident_update" {
-        return render_update(inc, anchor);
+pub fn render(out: &Output, anchor: &WallAnchor) -> String {
+    match out {
+        Output::Incident(inc) if inc.record_type == "incident_update" => render_update(inc, anchor),
+        Output::Incident(inc) => render_incident(inc, anchor),
+        Output::Signal(n) => render_notice(n, anchor),
     }
-    let sender = if inc.sender.pid == 0 {
-        format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
-    } else {
-        format!("{}[{}]", inc.sender.comm, inc.sender.pid)
-    };
+}
+
+fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
+    let mut s = String::new();
     let threads = match inc.target.threads {
         1 => "1 thread".to_string(),
         n => format!("{n} threads"),
     };
+    let from = match &inc.sender {
+        Some(snd) if snd.pid == 0 => format!(
+            "{} -> ",
+            format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
+        ),
+        Some(snd) => format!("{}[{}] -> ", snd.comm, snd.pid),
+        None => String::new(),
+    };
+    let headline = match inc.termination.mode {
+        Mode::Exit => "EXIT".to_string(),
+        _ => inc.signal_name.clone(),
+    };
     let _ = writeln!(
         s,
-        "{}  {:<8} {} -> {}[{}] ({threads})",
+        "{}  {:<8} {from}{}[{}] ({threads}) · {}",
         anchor.format_local(inc.t_signal_ns),
-        inc.signal_name,
-        sender,
+        headline,
         inc.target.comm,
         inc.target.pid,
+        inc.termination.mode.label(),
     );
+    let t = &inc.termination;
+    if t.signals.len() > 1 || matches!(t.mode, Mode::Escalated | Mode::Term | Mode::Oom) {
+        let _ = writeln!(s, "{INDENT}termination: {}", termination::describe(t));
+    }
+    let _ = writeln!(s, "{INDENT}{}", steps(inc).join(" · "));
+    if let Some(gpu) = &inc.gpu {
+        render_gpu(&mut s, inc, gpu, anchor);
+    }
+    render_phases(&mut s, inc);
+    if let Some(r) = &inc.release {
+        let calls: Vec<String> = r
+            .functions
+            .iter()
+            .map(|f| format!("{} {}", f.function, ms(f.ns as f64 / 1e6)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "{INDENT}driver release +{} → +{}: {}",
+            ms(inc.ms_after_signal(r.start_ns)),
+            ms(inc.ms_after_signal(r.end_ns)),
+            calls.join(" · ")
+        );
+    }
+    if let Some(storm) = &inc.storm {
+        let back = storm.t_device_back_ns.map_or("not back yet".into(), |t| {
+            format!("all back at +{}", ms(inc.ms_after_signal(t)))
+        });
+        let _ = writeln!(
+            s,
+            "{INDENT}storm: {} teardowns overlapped on GPU{} (used {} before the first); {back}",
+            storm.incidents,
+            storm.gpu,
+            gib(storm.used_before)
+        );
+    }
+    if let Some(v) = &inc.verdict {
+        let kind = serde_json::to_value(v.kind)
+            .ok()
+            .and_then(|k| k.as_str().map(String::from))
+            .unwrap_or_default();
+        let _ = writeln!(s, "{INDENT}verdict: {kind} — {}", v.hint);
+        // Holders and importers are listed above already.
+        let listed = matches!(v.kind, VerdictKind::SharedFd | VerdictKind::Imported);
+        if !listed && v.kind != VerdictKind::Released && v.kind != VerdictKind::SlowTeardown {
+            for e in &v.evidence {
+                let _ = writeln!(s, "{INDENT}  {e}");
+            }
+        }
+    }
+    for f in &inc.collateral {
+        let _ = writeln!(
+            s,
+            "{INDENT}collateral: pid {} was refused {} of class {} ({}) at +{}",
+            f.pid,
+            gib(f.size),
+            f.class,
+            f.status,
+            ms(inc.ms_after_signal(f.t_ns))
+        );
+    }
+    if !inc.losses.is_empty() {
+        let lost: Vec<String> = inc
+            .losses
+            .iter()
+            .map(|l| format!("{} {}", l.count, loss_name(l.what)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "{INDENT}the kernel lost records meanwhile: {}; facts may be missing",
+            lost.join(", ")
+        );
+    }
+    s
+}
+
+/// Exits, zombie and reap, in order.
+fn steps(inc: &Incident) -> Vec<String> {
     let mut steps = Vec::new();
     // A thread can leave the group's live count before another one's exit tracepoint fires,
     // so "all exited" is the latest exit seen, which may come after the group-dead one.
@@ -71,65 +163,13 @@ pub fn render(inc: &Incident, anchor: &WallAnchor) -> String {
         (None, _) if inc.outcome == Outcome::Exited => steps.push("not reaped yet".into()),
         _ => {}
     }
-    match inc.outcome {
-        Outcome::Survived => steps.push(if inc.handled() {
-            "survived: the signal was handled".into()
-        } else {
-            "survived: the signal was ignored or blocked".into()
-        }),
-        Outcome::Pending => steps.push("still alive when tracing stopped".into()),
-        Outcome::Exited => {}
+    if inc.outcome == Outcome::Pending {
+        steps.push("still alive".into());
     }
-    if inc.repeats > 0 {
-        steps.push(format!("{} more fatal signal(s) meanwhile", inc.repeats));
-    }
-    let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
-    if let Some(gpu) = &inc.gpu {
-        render_gpu(&mut s, inc, gpu, anchor);
-    }
-    render_phases(&mut s, inc);
-    if let Some(r) = &inc.release {
-        let calls: Vec<String> = r
-            .functions
-            .iter()
-            .map(|f| format!("{} {}", f.function, ms(f.ns as f64 / 1e6)))
-            .collect();
-        let _ = writeln!(
-            s,
-            "{INDENT}driver release +{} → +{}: {}",
-            ms(inc.ms_after_signal(r.start_ns)),
-            ms(inc.ms_after_signal(r.end_ns)),
-            calls.join(" · ")
-        );
-    }
-
-    if let Some(v) = &inc.verdict {
-        let kind = serde_json::to_value(v.kind)
-            .ok()
-            .and_then(|k| k.as_str().map(String::from))
-            .unwrap_or_default();
-        let _ = writeln!(s, "{INDENT}verdict: {kind} — {}", v.hint);
-        if v.kind != VerdictKind::Released && v.kind != VerdictKind::SlowTeardown {
-            for e in &v.evidence {
-                let _ = writeln!(s, "{INDENT}  {e}");
-            }
-        }
-    }
-    for f in &inc.collateral {
-        let _ = writeln!(
-            s,
-            "{INDENT}collateral: pid {} was refused {} of class {} ({}) at +{}",
-            f.pid,
-            gib(f.size),
-            f.class,
-            f.status,
-            ms(inc.ms_after_signal(f.t_ns))
-        );
-    }
-    s
+    steps
 }
 
-/// `released: UVM teardown 52 ms (GSP waits 41 ms) · RM client 43 ms · mm 33 ms`, with a bar.
+/// `teardown: UVM teardown 52 ms (GSP waits 41 ms) · RM client 43 ms · mm 33 ms`, with bars.
 fn render_phases(s: &mut String, inc: &Incident) {
     let total: u64 = inc.phases.iter().map(|p| p.ns).sum();
     if total == 0 {
@@ -146,7 +186,10 @@ fn render_phases(s: &mut String, inc: &Incident) {
             format!("{} {}{gsp}", p.name.label(), ms(p.ns as f64 / 1e6))
         })
         .collect();
-    let _ = writeln!(s, "{INDENT}teardown: {}", parts.join(" · "));
+    let coverage = inc.phases_coverage.map_or(String::new(), |c| {
+        format!(" ({:.0}% of death to release)", c * 100.0)
+    });
+    let _ = writeln!(s, "{INDENT}teardown: {}{coverage}", parts.join(" · "));
     for p in &inc.phases {
         let share = p.ns as f64 / total as f64;
         let bar = "█".repeat((share * 40.0).round() as usize);
@@ -162,9 +205,9 @@ fn render_phases(s: &mut String, inc: &Incident) {
 
 fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnchor) {
     let nvml = match gpu.bytes_nvml {
-        Some(0) if gpu.nvml_used_before.is_none() => "NVML lists no memory for this pid".into(),
         Some(b) => format!("NVML {}", gib(b)),
-        None => "no NVML".into(),
+        None if gpu.nvml_used_before.is_some() => "NVML never listed it".into(),
+        None => "no NVML figure".into(),
     };
     // The ledger only knows what was allocated while tracing.
     let ledger = if gpu.bytes_ledger == 0 && gpu.bytes_nvml.is_some_and(|b| b > 0) {
@@ -172,31 +215,62 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
     } else {
         format!("ledger {} B video", gpu.bytes_ledger)
     };
-    let _ = writeln!(
-        s,
-        "{INDENT}GPU  {} ({ledger}; {nvml}) in {} GPU file descriptor(s)",
-        gib(gpu.bytes_ledger.max(gpu.bytes_nvml.unwrap_or(0))),
-        gpu.files.len(),
-    );
+    if gpu.share_from == "none" && !gpu.evidence.is_empty() {
+        // No memory of its own: say whose it is.
+        let _ = writeln!(
+            s,
+            "{INDENT}GPU  {} GPU file descriptor(s): {}",
+            gpu.files.len(),
+            gpu.evidence[0]
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "{INDENT}GPU  {} ({nvml}; {ledger}) in {} GPU file descriptor(s)",
+            gib(gpu.share_bytes),
+            gpu.files.len(),
+        );
+    }
     let mut steps = Vec::new();
-    if let Some(t) = gpu.t_memory_back_ns {
-        steps.push(format!("memory back at +{}", ms(inc.ms_after_signal(t))));
-    }
-    // When others held the files, or NVML cannot tell, the last holder's end is the news.
-    if let Some(t) = gpu.t_files_released_ns {
-        if !inc.holders.is_empty() || gpu.t_memory_back_ns.is_none() {
-            steps.push(format!(
-                "last holder of its GPU files gone at +{}",
-                ms(inc.ms_after_signal(t))
-            ));
+    match (gpu.t_memory_back_ns, gpu.memory_back_by) {
+        (Some(t), Some(Source::Nvml)) => steps.push(format!(
+            "memory back at +{} (NVML)",
+            ms(inc.ms_after_signal(t))
+        )),
+        (Some(t), _) => steps.push(format!(
+            "memory back at +{} (kernel: no NVML to confirm)",
+            ms(inc.ms_after_signal(t))
+        )),
+        (None, _) if inc.t_group_dead_ns.is_some() => {
+            let held = if gpu.released_bytes > 0 {
+                format!(
+                    "memory still held: {} of {} back",
+                    gib(gpu.released_bytes),
+                    gib(gpu.share_bytes)
+                )
+            } else {
+                "memory still held".into()
+            };
+            steps.push(held)
         }
+        _ => {}
     }
-    if gpu.t_memory_back_ns.is_none() && inc.t_group_dead_ns.is_some() {
-        if gpu.t_files_released_ns.is_none() && !inc.holders.is_empty() {
-            steps.push("memory still in use: other processes hold its GPU files".to_string());
-        } else if gpu.nvml_used_before.is_some() {
-            steps.push("NVML did not show the memory back".to_string());
-        }
+    if let (Some(t), Some(by)) = (gpu.t_files_released_ns, gpu.files_released_by) {
+        let how = if by == Source::Fput {
+            "__fput"
+        } else {
+            "by its zombie"
+        };
+        steps.push(format!(
+            "its files released +{} ({how})",
+            ms(inc.ms_after_signal(t))
+        ));
+    }
+    if let Some(h) = gpu.held_elsewhere_ns {
+        steps.push(format!("held by others {} after", ms(h as f64 / 1e6)));
+    }
+    if inc.lingering {
+        steps.push("lingering".into());
     }
     if !steps.is_empty() {
         let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
@@ -211,6 +285,24 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             How::Open { .. } | How::Dup { .. } | How::Seen { .. } => {
                 "holds the same open file".into()
             }
+            How::Import { bytes, via, .. } => {
+                let via = match via {
+                    ImportVia::DupObject => "RM_DUP_OBJECT: a CUDA IPC handle",
+                    ImportVia::FdImport => "imported from an exported file descriptor",
+                    ImportVia::Nvml => "by NVML's figures only",
+                };
+                let released = h.t_released_ns.map_or(String::new(), |t| {
+                    format!(", let go at +{}", ms(inc.ms_after_signal(t)))
+                });
+                let _ = writeln!(
+                    s,
+                    "{INDENT}importer {}[{}] holds {} of its memory ({via}){released}",
+                    h.comm,
+                    h.pid,
+                    gib(bytes)
+                );
+                continue;
+            }
         };
         // A child of the dead target was reparented; its new parent is not in the stream.
         let parent = if h.ppid == inc.target.pid {
@@ -218,42 +310,146 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
         } else {
             format!("ppid {}", h.ppid)
         };
+        let released = h.t_released_ns.map_or(String::new(), |t| {
+            format!("; let go at +{}", ms(inc.ms_after_signal(t)))
+        });
         let _ = writeln!(
             s,
-            "{INDENT}holder {}[{}] ({how}; {parent}) holds fds {:?}",
-            h.comm, h.pid, h.fds
+            "{INDENT}holder {}[{}] ({how}; {parent}) holds fds {}{released}",
+            h.comm,
+            h.pid,
+            fd_ranges(&h.fds)
         );
     }
 }
 
-/// The memory of an incident reported as lingering came back.
+/// What changed about an incident already reported.
 fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
     let gpu = inc.gpu.as_ref();
-    let back = gpu.and_then(|g| g.t_memory_back_ns.or(g.t_files_released_ns));
-    let when = back.map_or("?".into(), |t| anchor.format_local(t));
-    let after = back.map_or("?".into(), |t| ms(inc.ms_after_signal(t)));
-    let holders: Vec<String> = inc
-        .holders
+    let back = gpu.and_then(|g| g.t_memory_back_ns);
+    let when = anchor.format_local(back.unwrap_or_else(|| {
+        inc.holders
+            .iter()
+            .filter_map(|h| h.t_released_ns)
+            .max()
+            .unwrap_or(inc.t_signal_ns)
+    }));
+    let who = format!(
+        "{}[{}] (incident {})",
+        inc.target.comm, inc.target.pid, inc.id
+    );
+    let after = if inc.signal == 0 {
+        "the exit"
+    } else {
+        "the kill"
+    };
+    // With the memory back, "once ... let go" below says who went.
+    let mut parts: Vec<String> = inc
+        .changes
         .iter()
-        .map(|h| format!("{}[{}]", h.comm, h.pid))
+        .filter(|c| c.as_str() != "memory back" && (back.is_none() || !c.starts_with("let go")))
+        .cloned()
         .collect();
+    if let Some(b) = back {
+        let holders: Vec<String> = inc
+            .holders
+            .iter()
+            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .collect();
+        let once = if holders.is_empty() {
+            String::new()
+        } else {
+            format!(", once {} let go", holders.join(", "))
+        };
+        parts.push(format!(
+            "GPU memory back {} after {after}{once}",
+            ms(inc.ms_after_signal(b))
+        ));
+    } else if let Some(g) = gpu {
+        let still: Vec<String> = inc
+            .holders
+            .iter()
+            .filter(|h| h.t_released_ns.is_none())
+            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .collect();
+        let by = if still.is_empty() {
+            String::new()
+        } else {
+            format!(" by {}", still.join(", "))
+        };
+        if g.share_from == "none" {
+            parts.push(format!("still held{by}"));
+        } else {
+            parts.push(format!(
+                "still held{by}: {} of {} back",
+                gib(g.released_bytes),
+                gib(g.share_bytes)
+            ));
+        }
+    }
+    if let Some(v) = &inc.verdict {
+        let kind = serde_json::to_value(v.kind)
+            .ok()
+            .and_then(|k| k.as_str().map(String::from))
+            .unwrap_or_default();
+        parts.push(format!("verdict {kind}"));
+    }
+    format!("{when}  update   {who}: {}\n", parts.join(" · "))
+}
+
+fn render_notice(n: &SignalNotice, anchor: &WallAnchor) -> String {
+    let s = &n.signal;
+    let sender = if s.sender.pid == 0 {
+        "kernel".to_string()
+    } else {
+        format!("{}[{}]", s.sender.comm, s.sender.pid)
+    };
+    let how = match (s.discarded, s.action) {
+        (true, _) => "ignored: discarded by the kernel",
+        (false, Some(Action::Ignore)) => "ignored",
+        (false, Some(Action::Handler)) => "handled",
+        (false, Some(Action::Default)) => "default action taken",
+        (false, None) => "still pending: blocked, or the process is stopped",
+    };
+    let gpu = if n.gpu_holder { " · GPU holder" } else { "" };
     format!(
-        "{when}  update   {}[{}] (incident {}): GPU memory back {after} after the kill, once {} let go\n",
-        inc.target.comm,
-        inc.target.pid,
-        inc.id,
-        if holders.is_empty() { "its last holder".to_string() } else { holders.join(", ") }
+        "{}  {:<8} {sender} -> {}[{}]: survived {} ({how}){gpu}; its death soon after would be \
+         incident {}\n",
+        anchor.format_local(s.t_ns),
+        s.name,
+        n.target.comm,
+        n.target.pid,
+        ms(n.survived_ns as f64 / 1e6),
+        n.incident
     )
 }
 
-/// Bytes as GiB with one decimal (MiB below 1 GiB).
-fn gib(bytes: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    if bytes as f64 >= GIB {
-        format!("{:.1} GiB", bytes as f64 / GIB)
-    } else {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+/// `[8-14, 17, 22-24]`.
+fn fd_ranges(fds: &[i32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < fds.len() {
+        let start = fds[i];
+        let mut end = start;
+        while i + 1 < fds.len() && fds[i + 1] == end + 1 {
+            i += 1;
+            end = fds[i];
+        }
+        parts.push(if end > start {
+            format!("{start}-{end}")
+        } else {
+            start.to_string()
+        });
+        i += 1;
     }
+    format!("[{}]", parts.join(", "))
+}
+
+fn loss_name(what: crate::event::LossKind) -> String {
+    serde_json::to_value(what)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
 }
 
 fn ms(v: f64) -> String {

@@ -10,8 +10,10 @@ use crate::{
     event::{Event, EventData},
 };
 
-/// How often the collector advances the analysis clock and checks the drop counter.
+/// How often the collector advances the analysis clock.
 pub const TICK: Duration = Duration::from_millis(20);
+/// How often it reads the kernel's loss counters (one report per kind and period at most).
+pub const LOSS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Sees the stream as it enters the analysis, in order: kernel records as the ring buffer
 /// delivered them, the collector's own events as events. The trace recorder is one.
@@ -67,6 +69,7 @@ pub async fn run_tapped(
     ready();
 
     let mut batch = Vec::with_capacity(1024);
+    let mut losses_read = 0;
     if let Some(gpu) = gpu.as_deref_mut() {
         for e in gpu.take_startup() {
             push(&mut batch, tap, e);
@@ -84,8 +87,11 @@ pub async fn run_tapped(
                 // Bulk records do not wake us: take them now.
                 drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
                 source.refresh_dying_hint();
-                if let Some(loss) = source.poll_drops(now) {
-                    push(&mut batch, tap, loss);
+                if now.saturating_sub(losses_read) >= LOSS_PERIOD.as_nanos() as u64 {
+                    losses_read = now;
+                    for loss in source.poll_losses(now) {
+                        push(&mut batch, tap, loss);
+                    }
                 }
                 let tick = Event::collector(now, EventData::Tick);
                 push(&mut batch, tap, tick);
@@ -99,14 +105,15 @@ pub async fn run_tapped(
             }
         }
         // Stack sampling costs every CPU an interrupt per sample: only while someone dies.
-        if let Some(gpu) = gpu.as_deref() {
+        if let Some(gpu) = gpu.as_deref_mut() {
             source.set_sampling(gpu.is_awaited());
+            gpu.forget_stacks_if_idle();
         }
     }
     // Whatever arrived before the stop still counts.
     drain(&mut source, gpu, &mut batch, tap);
 
-    if let Some(loss) = source.poll_drops(boottime_ns()) {
+    for loss in source.poll_losses(boottime_ns()) {
         push(&mut batch, tap, loss);
     }
     for event in batch.drain(..) {

@@ -144,6 +144,9 @@ pub fn decode(mut buf: &[u8]) -> Result<Event, DecodeError> {
             comm: comm(&mut buf),
         },
         Kind::DriverCall => driver_call(&mut buf)?,
+        Kind::OomVictim => EventData::OomVictim {
+            pid: buf.get_u32_le(),
+        },
         Kind::BenchTick => EventData::BenchTick,
     };
     Ok(Event {
@@ -171,6 +174,7 @@ fn payload_len(kind: Kind) -> usize {
         Kind::TeardownSample => size_of::<c::TeardownSample>(),
         Kind::KthreadWakeup => size_of::<c::KthreadWakeup>(),
         Kind::DriverCall => size_of::<c::DriverCall>(),
+        Kind::OomVictim => size_of::<c::OomVictim>(),
         Kind::BenchTick => size_of::<c::BenchTick>(),
     }
 }

@@ -30,6 +30,8 @@ pub struct GpuSources {
     /// Set while an incident awaits GPU memory: NVML reads every millisecond and the stack
     /// sampler runs.
     awaited: Arc<AtomicBool>,
+    /// Set by the analysis while no incident is open: the stacks resolved so far can go.
+    idle: Arc<AtomicBool>,
 }
 
 impl GpuSources {
@@ -96,6 +98,7 @@ impl GpuSources {
             described,
             stacks,
             awaited,
+            idle: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -119,6 +122,18 @@ impl GpuSources {
 
     pub fn is_awaited(&self) -> bool {
         self.awaited.load(Ordering::Relaxed)
+    }
+
+    /// The switch the analysis sets while it has no open incident.
+    pub fn idle(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.idle)
+    }
+
+    /// See [`StackResolver::forget_all`]: done while the analysis has no open incident.
+    pub fn forget_stacks_if_idle(&mut self) {
+        if let (true, Some(stacks)) = (self.idle.load(Ordering::Relaxed), &mut self.stacks) {
+            stacks.forget_all();
+        }
     }
 
     /// /proc facts about a process that just became (or was born) a GPU holder, read now

@@ -13,8 +13,10 @@ use crate::{
 
 pub struct KernelSource {
     ring: AsyncFd<RingBuf<MapData>>,
+    /// Per-CPU loss counters by `tracer_common::Loss` slot (slot 0: ring buffer drops).
     drops: PerCpuArray<MapData, u64>,
-    drops_reported: u64,
+    /// What was reported of each slot so far.
+    reported: [u64; tracer_common::Loss::COUNT as usize],
     undecodable: u64,
     probes: Probes,
 }
@@ -32,7 +34,7 @@ impl KernelSource {
         Ok(Self {
             ring,
             drops,
-            drops_reported: 0,
+            reported: Default::default(),
             undecodable: 0,
             probes,
         })
@@ -83,25 +85,33 @@ impl KernelSource {
         self.probes.refresh_dying_hint();
     }
 
-    /// A [`EventData::Loss`] event when the kernel dropped records since the last call.
-    pub fn poll_drops(&mut self, now_ns: u64) -> Option<Event> {
-        let total: u64 = match self.drops.get(&0, 0) {
-            Ok(per_cpu) => per_cpu.iter().sum(),
-            Err(e) => {
-                warn!("reading the drop counter failed: {e}");
-                return None;
+    /// [`EventData::Loss`] events for what the kernel lost since the last call: ring buffer
+    /// drops first, then failed map inserts by kind.
+    pub fn poll_losses(&mut self, now_ns: u64) -> Vec<Event> {
+        let mut out = Vec::new();
+        for (slot, reported) in self.reported.iter_mut().enumerate() {
+            let Some(what) = tracer_common::Loss::from_u32(slot as u32) else {
+                continue;
+            };
+            let total: u64 = match self.drops.get(&(slot as u32), 0) {
+                Ok(per_cpu) => per_cpu.iter().sum(),
+                Err(e) => {
+                    warn!("reading the loss counters failed: {e}");
+                    return out;
+                }
+            };
+            let count = total.saturating_sub(*reported);
+            if count > 0 {
+                *reported = total;
+                let what = what.into();
+                out.push(Event::collector(now_ns, EventData::Loss { count, what }));
             }
-        };
-        let new = total.saturating_sub(self.drops_reported);
-        if new == 0 {
-            return None;
         }
-        self.drops_reported = total;
-        Some(Event::collector(now_ns, EventData::Loss { count: new }))
+        out
     }
 
-    /// Records the kernel dropped since loading.
+    /// Records the kernel dropped from the ring buffer since loading.
     pub fn drops_total(&self) -> u64 {
-        self.drops_reported
+        self.reported[tracer_common::Loss::Ring as usize]
     }
 }

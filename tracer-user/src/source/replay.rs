@@ -5,7 +5,7 @@ use std::{fs::File, io::Read, ops::ControlFlow, path::Path};
 
 use super::decode::decode;
 use crate::{
-    event::{Event, EventData},
+    event::{Event, EventData, LossKind},
     trace::{
         prefetch::Prefetch,
         reader::{ReadStats, TraceReader},
@@ -103,9 +103,13 @@ impl<R: Read> Replay<R> {
                         }
                     },
                     Ok(Record::Tick { ts_ns }) => Event::collector(ts_ns, EventData::Tick),
-                    Ok(Record::Loss { ts_ns, count }) => {
-                        Event::collector(ts_ns, EventData::Loss { count })
-                    }
+                    Ok(Record::Loss { ts_ns, count }) => Event::collector(
+                        ts_ns,
+                        EventData::Loss {
+                            count,
+                            what: LossKind::Ring,
+                        },
+                    ),
                     Ok(Record::Event(json)) => match serde_json::from_slice(json) {
                         Ok(e) => e,
                         Err(_) => {

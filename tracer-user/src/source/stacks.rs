@@ -24,6 +24,14 @@ impl StackResolver {
         }
     }
 
+    /// Empties the kernel's stack map once no incident needs its stacks any more: ids are
+    /// hash buckets, so a full map loses every new stack that collides.
+    pub fn forget_all(&mut self) {
+        for id in self.seen.drain() {
+            let _ = self.map.remove(&(id as u32));
+        }
+    }
+
     /// A [`EventData::Stack`] the first time a sample names a stack id.
     pub fn resolve(&mut self, e: &Event) -> Option<Event> {
         let EventData::TeardownSample { stack_id, .. } = e.data else {

@@ -8,7 +8,7 @@ use super::{
     record::Record,
     TraceMeta, TraceWriter, WriterOptions,
 };
-use crate::event::{Event, EventData};
+use crate::event::{Event, EventData, LossKind};
 
 /// A record as the writer is given it and the reader gives it back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +36,13 @@ fn write(items: &[Item], options: WriterOptions) -> Vec<u8> {
         match item {
             Item::Kernel(raw) => w.kernel(raw),
             Item::Tick(t) => w.event(&Event::collector(*t, EventData::Tick)),
-            Item::Loss(t, c) => w.event(&Event::collector(*t, EventData::Loss { count: *c })),
+            Item::Loss(t, c) => w.event(&Event::collector(
+                *t,
+                EventData::Loss {
+                    count: *c,
+                    what: LossKind::Ring,
+                },
+            )),
         }
     }
     w.finish(&"end").expect("in memory").0

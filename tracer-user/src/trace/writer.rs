@@ -18,7 +18,7 @@ use super::{
     snapshot::Process,
 };
 use crate::{
-    event::{Event, EventData},
+    event::{Event, EventData, LossKind},
     source::collect::Tap,
 };
 
@@ -143,7 +143,10 @@ impl<W: Write> TraceWriter<W> {
         let zero = e.cpu == 0 && e.pid == 0 && e.tid == 0;
         match e.data {
             EventData::Tick if zero => record::put_tick(&mut self.body, e.ts_ns),
-            EventData::Loss { count } if zero => record::put_loss(&mut self.body, e.ts_ns, count),
+            EventData::Loss {
+                count,
+                what: LossKind::Ring,
+            } if zero => record::put_loss(&mut self.body, e.ts_ns, count),
             _ => match serde_json::to_vec(e) {
                 Ok(json) => record::put(&mut self.body, kind::EVENT, &json),
                 Err(err) => return self.fail(err.into()),

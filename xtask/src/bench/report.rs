@@ -198,7 +198,7 @@ the GPU file), or the benchmark fails. Extra measurements that would disturb the
 event printed with `--events`, the kernel's accounting of eBPF program time) are made in a \
 separate untimed check run before the timed rounds.
 - **The collector path.** The ring buffer benchmark drains the ring with the live collector's own \
-code: `KernelSource::readable()`, `drain()` (ring read and decode) and `poll_drops()` every \
+code: `KernelSource::readable()`, `drain()` (ring read and decode) and `poll_losses()` every \
 `TICK` (20 ms), as `source::collect::run` does, counting events instead of correlating them.
 - **Clocks.** Wall clock for the workloads (`Instant`), per-thread CPU time for the collector \
 (`CLOCK_THREAD_CPUTIME_ID`), `/proc/PID/task/*/schedstat` and `voluntary_ctxt_switches` for \

@@ -1,0 +1,90 @@
+"""A GPU process for the scenario suite: allocates, prints `READY {json}`, then waits to be
+killed or does what its options say.
+
+--gib G            video memory to allocate with PyTorch (cudaMalloc underneath)
+--pin G            pinned host memory to allocate as well
+--fork N           fork N children after CUDA init that keep the inherited GPU files
+--term MODE        SIGTERM: default | ignore | free-exit (free the memory, exit 0)
+--exit-after S     exit normally (status 0) S seconds after READY
+--crash-after S    dereference a null pointer S seconds after READY (SIGSEGV)
+--export           share the tensor with a spawned importer (torch.multiprocessing, CUDA IPC)
+--hog-on-usr1      on SIGUSR1, take host memory until the OOM killer stops it
+"""
+import argparse, ctypes, json, os, signal, sys, time
+
+import torch
+import torch.multiprocessing as mp
+
+
+def options():
+    p = argparse.ArgumentParser()
+    p.add_argument("--gib", type=float, default=1)
+    p.add_argument("--pin", type=float, default=0)
+    p.add_argument("--fork", type=int, default=0)
+    p.add_argument("--term", default="default")
+    p.add_argument("--exit-after", type=float)
+    p.add_argument("--crash-after", type=float)
+    p.add_argument("--export", action="store_true")
+    p.add_argument("--hog-on-usr1", action="store_true")
+    return p.parse_args()
+
+
+def hog(_sig, _frm):
+    chunks = []
+    while True:
+        b = bytearray(256 << 20)
+        b[::4096] = b"x" * len(b[::4096])
+        chunks.append(b)
+
+
+def importer(q, ready):
+    t = q.get()
+    torch.cuda.synchronize()
+    ready.put((os.getpid(), t.numel()))
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    a = options()
+    if a.term == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    x = torch.empty(int(a.gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    pinned = torch.empty(int(a.pin * (1 << 30)), dtype=torch.uint8).pin_memory() if a.pin else None
+    torch.cuda.synchronize()
+    info = {"pid": os.getpid(), "children": []}
+    if a.export:
+        ctx = mp.get_context("spawn")
+        q, ready = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=importer, args=(q, ready), daemon=False)
+        proc.start()
+        q.put(x)
+        pid, n = ready.get(timeout=120)
+        info["importer"] = pid
+    for _ in range(a.fork):
+        child = os.fork()
+        if child == 0:
+            # Never touches CUDA: only keeps the inherited /dev/nvidia* descriptors.
+            while True:
+                time.sleep(1)
+        info["children"].append(child)
+    if a.hog_on_usr1:
+        signal.signal(signal.SIGUSR1, hog)
+    if a.term == "free-exit":
+        def free_exit(_sig, _frm):
+            global x
+            del x
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            os._exit(0)
+        signal.signal(signal.SIGTERM, free_exit)
+    print("READY", json.dumps(info), flush=True)
+    if a.exit_after is not None:
+        time.sleep(a.exit_after)
+        sys.exit(0)
+    if a.crash_after is not None:
+        time.sleep(a.crash_after)
+        ctypes.string_at(0)
+    while True:
+        time.sleep(1)

@@ -1,0 +1,775 @@
+//! Whether a dead process's GPU memory is back on the device, from NVML readings alone.
+//!
+//! A victim's memory is back when NVML no longer lists its pid *and* the device's used memory
+//! has come down by its share. NVML's per-pid list is a coarse clock under load (several
+//! victims can leave it in one reading while their memory leaves over hundreds of
+//! milliseconds), and other processes allocate and free at the same time, so releases are
+//! counted per GPU in a pool: each reading adds the drop in `used` since the previous one,
+//! corrected by what other processes' NVML figures did meanwhile (their allocations hide a
+//! release, their frees fake one), and victims that have left the list are credited from the
+//! pool in the order their own kernel-side release happened.
+//!
+//! A process that imported a victim's memory (CUDA IPC, an exported handle) takes over its
+//! accounting: NVML stops listing the victim, the importer's figure rises and `used` does not
+//! fall. Importers' figures are never counted as corrections, so such memory stays unexplained
+//! until the importer lets go (its figure falls or it exits); the part it holds is a
+//! [`Residual`] of the victim, back when the importer's memory is.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::event::NvmlGpu;
+
+/// Slack when comparing a drop with a share: the larger of 32 MiB and 1 % of the share (the
+/// device's `used` fell by the NVML figure plus about 6 MB for every release seen on the H200).
+pub fn tolerance(bytes: u64) -> u64 {
+    (32 << 20u64).max(bytes / 100)
+}
+
+/// What a victim's death is to give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Not dead yet: NVML figures are collected.
+    Alive,
+    /// Its own share: NVML's largest figure for it, else its ledger's video bytes.
+    Own { ledger: u64 },
+    /// Its files' memory is another watched victim's (incident id; a forked holder of a dead
+    /// parent's files): back when that one's is.
+    AliasOf(u64),
+    /// No memory of its own: its files stay open in live processes that own the memory.
+    Nothing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareFrom {
+    Nvml,
+    Ledger,
+    /// Neither NVML nor the ledger knows of any memory.
+    None,
+}
+
+impl ShareFrom {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::Ledger => "ledger",
+            Self::None => "none",
+        }
+    }
+}
+
+/// How an importer was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportVia {
+    /// It duplicated one of the victim's objects (RM_DUP_OBJECT: legacy CUDA IPC handles).
+    DupObject,
+    /// It imported objects from an exported file descriptor (RM_CONTROL 0x3d06) after the
+    /// victim exported some (0x3d05).
+    FdImport,
+    /// Only NVML says so: its figure rose as the victim left the list, and no allocation of its
+    /// own explains the rise.
+    Nvml,
+}
+
+/// Part of a victim's share another process holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Residual {
+    pub importer: u32,
+    pub bytes: u64,
+    pub via: ImportVia,
+    /// The reading that found it short.
+    pub found_ns: u64,
+    pub back_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Watch {
+    pub pid: u32,
+    pub start_ns: u64,
+    pub role: Role,
+    /// The GPU NVML lists it on (the first one), once known.
+    pub gpu: Option<u32>,
+    /// NVML's largest figure for it while watched.
+    pub max_figure: Option<u64>,
+    /// What its death is to give back by NVML: its figure in the last reading before the
+    /// death, or a larger one after (NVML lists a process killed early only after it died,
+    /// and may show 0 for one mid-teardown).
+    death_figure: Option<u64>,
+    /// Its incident is done; kept while aliases still need its return.
+    done: bool,
+    /// Listed in the latest reading of its GPU.
+    pub listed: bool,
+    /// Device `used` at the reading its pool counts from.
+    pub used_before: Option<u64>,
+    /// Its own part (share minus residuals) was seen back.
+    pub own_back_ns: Option<u64>,
+    pub residuals: Vec<Residual>,
+    /// Its own release of its GPU files (kernel side), which orders credits in a storm.
+    pub kernel_release_ns: Option<u64>,
+    /// Importers the ledger knows of: (pid, bytes if known, how).
+    known_importers: Vec<(u32, Option<u64>, ImportVia)>,
+    /// Last time something happened that may release its memory (fast NVML reads until a
+    /// while after).
+    last_activity_ns: u64,
+}
+
+impl Watch {
+    /// What its death is to give back, and where that figure comes from.
+    pub fn share(&self) -> Option<(u64, ShareFrom)> {
+        let Role::Own { ledger } = self.role else {
+            return None;
+        };
+        Some(match (self.death_figure, ledger) {
+            (Some(nvml), _) => (nvml, ShareFrom::Nvml),
+            (None, 0) => (0, ShareFrom::None),
+            (None, bytes) => (bytes, ShareFrom::Ledger),
+        })
+    }
+
+    /// NVML's figure for what its death gives back (its largest one before it died).
+    pub fn nvml_figure(&self) -> Option<u64> {
+        self.death_figure.or(self.max_figure)
+    }
+
+    fn own_part(&self) -> u64 {
+        let held: u64 = self.residuals.iter().map(|r| r.bytes).sum();
+        self.share().map_or(0, |(s, _)| s.saturating_sub(held))
+    }
+
+    /// When all of its share was back.
+    pub fn back_ns(&self) -> Option<u64> {
+        let own = self.own_back_ns?;
+        self.residuals
+            .iter()
+            .try_fold(own, |t, r| r.back_ns.map(|b| t.max(b)))
+    }
+
+    /// Bytes seen back so far.
+    pub fn released(&self) -> u64 {
+        let residuals: u64 = self
+            .residuals
+            .iter()
+            .filter(|r| r.back_ns.is_some())
+            .map(|r| r.bytes)
+            .sum();
+        if self.own_back_ns.is_some() {
+            self.own_part() + residuals
+        } else {
+            residuals
+        }
+    }
+}
+
+/// Releases on one GPU counted from one reading on.
+#[derive(Clone, Debug)]
+struct Pool {
+    prev: NvmlGpu,
+    prev_ns: u64,
+    /// Released bytes not yet credited to a victim.
+    bytes: i128,
+    /// Watches (by key) counted here.
+    victims: BTreeSet<u64>,
+    /// Processes NVML alone suggests imported a victim's memory.
+    suspected: BTreeSet<u32>,
+}
+
+/// A change a reading brought.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The victim's own part is back (its share, less what importers hold).
+    OwnBack {
+        key: u64,
+        bytes: u64,
+    },
+    /// Its memory is short although NVML stopped listing it: importers hold this much.
+    Imported {
+        key: u64,
+        residuals: Vec<Residual>,
+    },
+    ResidualBack {
+        key: u64,
+        importer: u32,
+    },
+}
+
+/// The watches, by a key of the caller's (an incident id: pids are reused).
+#[derive(Default)]
+pub struct MemoryBook {
+    watches: BTreeMap<u64, Watch>,
+    pools: BTreeMap<u32, Pool>,
+    /// The latest reading of each GPU, and when it was taken.
+    last: BTreeMap<u32, (NvmlGpu, u64)>,
+}
+
+/// How long after something that may release memory NVML is read fast.
+pub const ACTIVE_NS: u64 = 2_000_000_000;
+
+/// An allocation counts for a reading taken this long after it (NVML's reading of the
+/// previous state may have begun before the ioctl returned).
+const EXPLAIN_SLACK_NS: u64 = 5_000_000;
+
+impl MemoryBook {
+    pub fn watch(&self, key: u64) -> Option<&Watch> {
+        self.watches.get(&key)
+    }
+
+    /// When the memory of watch `key` was all back, following aliases.
+    pub fn back_ns(&self, key: u64) -> Option<u64> {
+        let w = self.watches.get(&key)?;
+        match w.role {
+            Role::AliasOf(other) if other != key => self.back_ns(other),
+            Role::Own { .. } => w.back_ns(),
+            _ => None,
+        }
+    }
+
+    /// Starts watching `pid` under `key` (a fatal signal reached a GPU holder, or one died).
+    pub fn start(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let w = self.watches.entry(key).or_insert_with(|| Watch {
+            pid,
+            start_ns: t_ns,
+            role: Role::Alive,
+            gpu: None,
+            max_figure: None,
+            death_figure: None,
+            done: false,
+            listed: false,
+            used_before: None,
+            own_back_ns: None,
+            residuals: Vec::new(),
+            kernel_release_ns: None,
+            known_importers: Vec::new(),
+            last_activity_ns: t_ns,
+        });
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        // What NVML said last is the earliest figure it gets.
+        let seen = self
+            .last
+            .values()
+            .find_map(|(g, _)| Some((g.index, g.processes.iter().find(|p| p.pid == pid)?)));
+        if let Some((gpu, p)) = seen {
+            w.gpu.get_or_insert(gpu);
+            w.listed = true;
+            w.max_figure = w.max_figure.max(p.used);
+        }
+    }
+
+    /// Something that may release the memory of `key` happened (a holder died or closed).
+    pub fn activity(&mut self, key: u64, t_ns: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        }
+    }
+
+    /// The group died: from now on its share (or another's) is what comes back.
+    pub fn died(&mut self, key: u64, t_ns: u64, role: Role) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        w.role = role;
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        // What it held just before, by a reading taken since the signal (an older one may
+        // predate its allocations): frees of its own while it lived are not the death's.
+        let (pid, since) = (w.pid, w.start_ns);
+        w.death_figure = self
+            .last
+            .values()
+            .filter(|(_, t)| *t >= since)
+            .find_map(|(g, _)| {
+                g.processes
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .map(|p| p.used.unwrap_or(0))
+            });
+    }
+
+    pub fn kernel_released(&mut self, key: u64, t_ns: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.kernel_release_ns.get_or_insert(t_ns);
+            w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        }
+    }
+
+    /// The ledger saw `importer` take `bytes` (when known) of the objects of watch `key`.
+    pub fn imported(&mut self, key: u64, importer: u32, bytes: Option<u64>, via: ImportVia) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            if !w.known_importers.iter().any(|(p, _, _)| *p == importer) {
+                w.known_importers.push((importer, bytes, via));
+            }
+        }
+    }
+
+    /// Its incident is done: the watch goes once no alias needs its return any more.
+    pub fn forget(&mut self, key: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.done = true;
+        }
+        loop {
+            let needed: BTreeSet<u64> = self
+                .watches
+                .values()
+                .filter(|w| !w.done)
+                .filter_map(|w| match w.role {
+                    Role::AliasOf(k) => Some(k),
+                    _ => None,
+                })
+                .collect();
+            let gone: Vec<u64> = self
+                .watches
+                .iter()
+                .filter(|(k, w)| w.done && !needed.contains(k))
+                .map(|(k, _)| *k)
+                .collect();
+            if gone.is_empty() {
+                break;
+            }
+            for k in gone {
+                self.watches.remove(&k);
+                for pool in self.pools.values_mut() {
+                    pool.victims.remove(&k);
+                }
+            }
+        }
+        self.pools.retain(|_, p| !p.victims.is_empty());
+    }
+
+    /// Whether a reading of every GPU was taken after `t_ns`.
+    pub fn read_since(&self, t_ns: u64) -> bool {
+        !self.last.is_empty() && self.last.values().all(|(_, t)| *t > t_ns)
+    }
+
+    /// Whether NVML should be read every millisecond: a watched release may be under way.
+    pub fn awaiting(&self, now_ns: u64) -> bool {
+        self.watches.values().any(|w| {
+            !w.done
+                && w.back_ns().is_none()
+                && now_ns.saturating_sub(w.last_activity_ns) < ACTIVE_NS
+        })
+    }
+
+    /// Feeds one reading of every GPU; returns what it changed. `allocated(pid, from, to)` is
+    /// the video memory the ledger saw `pid` allocate in that window: it tells a process that
+    /// allocated from one that took over an import's accounting.
+    pub fn reading(
+        &mut self,
+        t_ns: u64,
+        gpus: &[NvmlGpu],
+        allocated: impl Fn(u32, u64, u64) -> u64,
+    ) -> Vec<Change> {
+        let mut changes = Vec::new();
+        for g in gpus {
+            self.note_listing(g);
+            self.open_pool(g, t_ns);
+            if self.pools.contains_key(&g.index) {
+                self.count(g, t_ns, &allocated, &mut changes);
+            }
+            self.last.insert(g.index, (g.clone(), t_ns));
+        }
+        changes
+    }
+
+    /// Updates each watch's figures from `g`.
+    fn note_listing(&mut self, g: &NvmlGpu) {
+        for w in self.watches.values_mut() {
+            if w.gpu.is_some_and(|i| i != g.index) {
+                continue;
+            }
+            match g.processes.iter().find(|p| p.pid == w.pid) {
+                Some(p) => {
+                    // Its largest figure: NVML may show 0 for a process mid-teardown.
+                    w.gpu.get_or_insert(g.index);
+                    w.listed = true;
+                    w.max_figure = w.max_figure.max(p.used);
+                    if w.role != Role::Alive {
+                        w.death_figure = w.death_figure.max(Some(p.used.unwrap_or(0)));
+                    }
+                }
+                None => w.listed = false,
+            }
+        }
+    }
+
+    /// Opens the GPU's pool when a dead victim on it has memory to come back.
+    fn open_pool(&mut self, g: &NvmlGpu, t_ns: u64) {
+        let single_gpu = self.last.len() <= 1;
+        let waiting: Vec<u64> = self
+            .watches
+            .iter()
+            .filter(|(_, w)| {
+                matches!(w.role, Role::Own { .. })
+                    && w.back_ns().is_none()
+                    // A victim NVML never listed counts on the only GPU there is.
+                    && (w.gpu == Some(g.index) || (w.gpu.is_none() && single_gpu))
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let (prev, prev_ns) = self
+            .last
+            .get(&g.index)
+            .cloned()
+            .unwrap_or_else(|| (g.clone(), t_ns));
+        let pool = self.pools.entry(g.index).or_insert_with(|| Pool {
+            prev,
+            prev_ns,
+            bytes: 0,
+            victims: BTreeSet::new(),
+            suspected: BTreeSet::new(),
+        });
+        for key in waiting {
+            if pool.victims.insert(key) {
+                if let Some(w) = self.watches.get_mut(&key) {
+                    w.gpu.get_or_insert(g.index);
+                    w.used_before.get_or_insert(pool.prev.used);
+                }
+            }
+        }
+    }
+
+    /// Adds the reading's release to the pool and credits victims from it.
+    fn count(
+        &mut self,
+        g: &NvmlGpu,
+        t_ns: u64,
+        allocated: &impl Fn(u32, u64, u64) -> u64,
+        changes: &mut Vec<Change>,
+    ) {
+        let Some(pool) = self.pools.get_mut(&g.index) else {
+            return;
+        };
+        let fig = |r: &NvmlGpu, pid: u32| -> Option<u64> {
+            r.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .map(|p| p.used.unwrap_or(0))
+        };
+        let victims: BTreeSet<u32> = self.watches.values().map(|w| w.pid).collect();
+        let importers: BTreeSet<u32> = self
+            .watches
+            .values()
+            .flat_map(|w| {
+                w.known_importers
+                    .iter()
+                    .map(|i| i.0)
+                    .chain(w.residuals.iter().map(|r| r.importer))
+            })
+            .chain(pool.suspected.iter().copied())
+            .collect();
+        let prev = pool.prev.clone();
+        let mut pids: BTreeSet<u32> = prev.processes.iter().map(|p| p.pid).collect();
+        pids.extend(g.processes.iter().map(|p| p.pid));
+
+        // Victims that left the list in this reading, and who rose meanwhile: an importer
+        // takes over the accounting of what it imported.
+        let vanished: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| victims.contains(p) && fig(&prev, *p).is_some() && fig(g, *p).is_none())
+            .collect();
+        let mut risers: Vec<(u32, u64)> = Vec::new();
+        let mut correction: i128 = 0;
+        for &pid in &pids {
+            let (before, now) = (fig(&prev, pid), fig(g, pid));
+            let delta = now.unwrap_or(0) as i128 - before.unwrap_or(0) as i128;
+            if importers.contains(&pid) {
+                continue;
+            }
+            if victims.contains(&pid) {
+                // A victim growing allocated; a victim shrinking or leaving released.
+                if delta > 0 {
+                    correction += delta;
+                }
+                continue;
+            }
+            if delta > tolerance(0) as i128 && !vanished.is_empty() {
+                // Its own allocations explain a rise; otherwise it may have imported.
+                let own = allocated(pid, pool.prev_ns.saturating_sub(EXPLAIN_SLACK_NS), t_ns);
+                if (own as i128) < delta * 9 / 10 {
+                    risers.push((pid, delta as u64));
+                    continue;
+                }
+            }
+            correction += delta;
+        }
+        pool.bytes += prev.used as i128 - g.used as i128 + correction;
+
+        // Victims off the list, their own release first.
+        let mut candidates: Vec<(u64, u64, u64)> = self
+            .watches
+            .iter()
+            .filter(|(key, w)| {
+                pool.victims.contains(key)
+                    && w.own_back_ns.is_none()
+                    && w.share().is_some()
+                    && fig(g, w.pid).is_none()
+            })
+            .map(|(key, w)| (w.kernel_release_ns.unwrap_or(u64::MAX), w.start_ns, *key))
+            .collect();
+        candidates.sort_unstable();
+        for (_, _, key) in candidates {
+            let Some(w) = self.watches.get_mut(&key) else {
+                continue;
+            };
+            let Some((share, _)) = w.share() else {
+                continue;
+            };
+            if w.residuals.is_empty() && pool.bytes + (tolerance(share) as i128) < share as i128 {
+                // Short: an importer may hold the rest.
+                let residuals = importers_of(w, &risers, share, pool.bytes, t_ns);
+                if !residuals.is_empty() {
+                    for r in &residuals {
+                        if r.via == ImportVia::Nvml {
+                            pool.suspected.insert(r.importer);
+                        }
+                    }
+                    w.residuals = residuals.clone();
+                    changes.push(Change::Imported { key, residuals });
+                }
+            }
+            let own = w.own_part();
+            if pool.bytes + tolerance(own) as i128 >= own as i128 {
+                pool.bytes -= own as i128;
+                w.own_back_ns = Some(t_ns);
+                changes.push(Change::OwnBack { key, bytes: own });
+            }
+        }
+        // Imported parts come back with their importer.
+        let backs: BTreeMap<u32, u64> = self
+            .watches
+            .values()
+            .filter_map(|w| Some((w.pid, w.back_ns()?)))
+            .collect();
+        for (&key, w) in self.watches.iter_mut() {
+            if !pool.victims.contains(&key) {
+                continue;
+            }
+            for r in w.residuals.iter_mut().filter(|r| r.back_ns.is_none()) {
+                if let Some(&t) = backs.get(&r.importer) {
+                    r.back_ns = Some(t);
+                } else if pool.bytes + tolerance(r.bytes) as i128 >= r.bytes as i128 {
+                    pool.bytes -= r.bytes as i128;
+                    r.back_ns = Some(t_ns);
+                } else {
+                    continue;
+                }
+                changes.push(Change::ResidualBack {
+                    key,
+                    importer: r.importer,
+                });
+            }
+        }
+        pool.prev = g.clone();
+        pool.prev_ns = t_ns;
+        // A pool whose victims are all back closes; they keep its view for their reports.
+        // A pool whose victims are all back closes.
+        let all_back = pool
+            .victims
+            .iter()
+            .all(|k| self.watches.get(k).is_none_or(|w| w.back_ns().is_some()));
+        if all_back {
+            self.pools.remove(&g.index);
+        }
+    }
+}
+
+/// Who holds the part of `w`'s share that did not come back: the importers the ledger knows
+/// of, else those NVML's figures point at.
+fn importers_of(
+    w: &Watch,
+    risers: &[(u32, u64)],
+    share: u64,
+    pool: i128,
+    t_ns: u64,
+) -> Vec<Residual> {
+    let missing = (share as i128 - pool.max(0)).max(0) as u64;
+    let mut out: Vec<Residual> = Vec::new();
+    let mut left = missing;
+    for &(importer, bytes, via) in &w.known_importers {
+        let rise = risers.iter().find(|r| r.0 == importer).map(|r| r.1);
+        let bytes = bytes.or(rise).unwrap_or(left).min(left);
+        if bytes > 0 {
+            left -= bytes;
+            out.push(Residual {
+                importer,
+                bytes,
+                via,
+                found_ns: t_ns,
+                back_ns: None,
+            });
+        }
+    }
+    if out.is_empty() {
+        for &(importer, rise) in risers {
+            let bytes = rise.min(left);
+            if bytes > 0 {
+                left -= bytes;
+                out.push(Residual {
+                    importer,
+                    bytes,
+                    via: ImportVia::Nvml,
+                    found_ns: t_ns,
+                    back_ns: None,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::NvmlProcess;
+
+    const GIB: u64 = 1 << 30;
+
+    fn reading(used: u64, procs: &[(u32, u64)]) -> Vec<NvmlGpu> {
+        vec![NvmlGpu {
+            index: 0,
+            used,
+            total: 140 * GIB,
+            processes: procs
+                .iter()
+                .map(|&(pid, used)| NvmlProcess {
+                    pid,
+                    used: Some(used),
+                })
+                .collect(),
+        }]
+    }
+
+    fn own() -> Role {
+        Role::Own { ledger: 0 }
+    }
+
+    fn feed(m: &mut MemoryBook, t: u64, r: &[NvmlGpu]) -> Vec<Change> {
+        m.reading(t, r, |_, _, _| 0)
+    }
+
+    #[test]
+    fn back_only_when_the_pid_left_the_list_and_used_fell_by_its_share() {
+        let mut m = MemoryBook::default();
+        feed(&mut m, 0, &reading(18 * GIB, &[(10, 17 * GIB)]));
+        m.start(10, 10, 0);
+        m.died(10, 10, own());
+        // Used fell, the pid is still listed: not back.
+        assert!(feed(&mut m, 20, &reading(GIB, &[(10, 0)])).is_empty());
+        let c = feed(&mut m, 30, &reading(GIB, &[]));
+        assert_eq!(
+            c,
+            vec![Change::OwnBack {
+                key: 10,
+                bytes: 17 * GIB
+            }]
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(30));
+    }
+
+    #[test]
+    fn another_process_allocating_at_the_same_moment_does_not_hide_the_release() {
+        let mut m = MemoryBook::default();
+        m.reading(
+            0,
+            &reading(5 * GIB, &[(10, 4 * GIB), (20, GIB)]),
+            |_, _, _| 0,
+        );
+        m.start(10, 10, 0);
+        m.died(10, 10, own());
+        // As 10 leaves, 20 allocates 4 GiB: `used` does not move. The ledger saw 20 allocate
+        // them, so its rise is a correction, not an import.
+        let next = reading(5 * GIB, &[(20, 5 * GIB)]);
+        let c = m.reading(30, &next, |pid, _, _| if pid == 20 { 4 * GIB } else { 0 });
+        assert_eq!(
+            c,
+            vec![Change::OwnBack {
+                key: 10,
+                bytes: 4 * GIB
+            }]
+        );
+    }
+
+    #[test]
+    fn imported_memory_stays_with_the_importer_until_it_lets_go() {
+        let mut m = MemoryBook::default();
+        feed(
+            &mut m,
+            0,
+            &reading(6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]),
+        );
+        m.start(10, 10, 0);
+        m.imported(10, 20, Some(9 * GIB / 2), ImportVia::DupObject);
+        m.died(10, 10, own());
+        // The exporter leaves; only its context comes back; NVML accounts 4.5 GiB more to 20.
+        let c = feed(&mut m, 90, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
+        assert!(
+            matches!(&c[0], Change::Imported { key: 10, residuals } if residuals[0].importer == 20)
+        );
+        assert_eq!(
+            c[1],
+            Change::OwnBack {
+                key: 10,
+                bytes: GIB / 2
+            }
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), None);
+        // The importer exits.
+        let c = feed(&mut m, 3000, &reading(GIB / 2, &[]));
+        assert_eq!(
+            c,
+            vec![Change::ResidualBack {
+                key: 10,
+                importer: 20
+            }]
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(3000));
+    }
+
+    #[test]
+    fn without_ledger_evidence_a_riser_at_the_victims_departure_is_a_suspected_importer() {
+        let mut m = MemoryBook::default();
+        feed(
+            &mut m,
+            0,
+            &reading(6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]),
+        );
+        m.start(10, 10, 0);
+        m.died(10, 10, own());
+        let c = feed(&mut m, 90, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
+        assert!(
+            matches!(&c[0], Change::Imported { residuals, .. } if residuals[0].via == ImportVia::Nvml)
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), None);
+    }
+
+    #[test]
+    fn a_storm_credits_victims_in_the_order_of_their_own_release() {
+        let mut m = MemoryBook::default();
+        feed(
+            &mut m,
+            0,
+            &reading(4 * GIB, &[(1, GIB), (2, GIB), (3, GIB)]),
+        );
+        for pid in 1..=3 {
+            m.start(pid as u64, pid, 0);
+            m.died(pid as u64, 6, own());
+        }
+        m.kernel_released(2, 100);
+        m.kernel_released(1, 200);
+        // All three leave NVML's list at once, but only one GiB has come back.
+        let c = feed(&mut m, 300, &reading(3 * GIB, &[]));
+        assert_eq!(c, vec![Change::OwnBack { key: 2, bytes: GIB }]);
+        let c = feed(&mut m, 400, &reading(GIB, &[]));
+        assert_eq!(
+            c,
+            vec![
+                Change::OwnBack { key: 1, bytes: GIB },
+                Change::OwnBack { key: 3, bytes: GIB }
+            ]
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! A case as an incident record: the facts collected so far, and what follows from them
+//! (the mode, the memory's return and who decided it, phases, verdict), computed anew for each
+//! report.
+
+use super::{
+    correlate::{Case, Correlator, Reported},
+    holders::{Holder, How},
+    incident::{ExitStatus, Incident, Source},
+    memory::{Role, ShareFrom, Watch},
+    signals::{self, Origin, SIGKILL},
+    termination::{self, Mode, SignalSent},
+    verdict::{self, gib},
+};
+
+/// NVML and the kernel disagree when they are this far apart.
+const DISAGREE_NS: u64 = 2_000_000;
+
+impl Correlator {
+    pub(super) fn snapshot(&self, id: u64) -> Incident {
+        let Some(c) = self.cases.get(&id) else {
+            unreachable!("snapshot of a case that is not open");
+        };
+        let mut inc = c.inc.clone();
+        let pid = inc.target.pid;
+        let now = self.now_ns;
+        let dead = inc.t_group_dead_ns;
+        // A SIGKILLed process that would not die counts as killed.
+        let killed = ExitStatus {
+            signal: Some(SIGKILL),
+            status: None,
+        };
+        let exit = match (&inc.exit, c.signals.iter().any(|s| s.sig == SIGKILL)) {
+            (Some(e), _) => Some(e.clone()),
+            (None, true) => Some(killed),
+            (None, false) => None,
+        };
+        inc.termination = termination::decide(pid, &c.signals, exit.as_ref(), c.oom);
+        self.set_signal(&mut inc, &c.signals, exit.as_ref());
+
+        let w = self.memory.watch(id);
+        let back = self.back(id);
+        if c.gpu {
+            inc.holders = self.holders_of_case(c, w);
+            let mut evidence = self.share_evidence(c, w, pid);
+            evidence.extend(self.release_evidence(&inc, back, c.kernel_release));
+            let gpu = inc.gpu.get_or_insert_with(Default::default);
+            if let Some((share, from)) = w.and_then(|w| w.share()) {
+                gpu.share_bytes = share;
+                gpu.share_from = from.label();
+            } else {
+                gpu.share_from = "none";
+            }
+            if let Some(w) = w {
+                gpu.bytes_nvml = w.nvml_figure();
+                gpu.nvml_used_before = w.used_before;
+                gpu.released_bytes = w.released();
+            }
+            gpu.t_files_released_ns = c.kernel_release.map(|k| k.0);
+            gpu.files_released_by = c.kernel_release.map(|k| k.1);
+            gpu.t_holders_gone_ns = (!c.holder_gone.is_empty())
+                .then(|| {
+                    c.holder_gone
+                        .values()
+                        .try_fold(0, |t, g| g.map(|g| t.max(g)))
+                })
+                .flatten();
+            gpu.t_memory_back_ns = back.map(|b| b.0);
+            gpu.memory_back_by = back.map(|b| b.1);
+            let held_elsewhere =
+                !c.fd_holders.is_empty() || w.is_some_and(|w| !w.residuals.is_empty());
+            if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
+                gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
+            }
+            if gpu.bytes_ledger > 0 {
+                if let Some(n) = gpu.bytes_nvml {
+                    if n.abs_diff(gpu.bytes_ledger) > super::memory::tolerance(n) {
+                        evidence.push(format!(
+                            "NVML's figure ({}) and the ledger ({} of video memory) differ: NVML \
+                             counts the CUDA context's own memory and allocations made before \
+                             tracing; the share is NVML's",
+                            gib(n),
+                            gib(gpu.bytes_ledger)
+                        ));
+                    }
+                }
+            }
+            gpu.evidence = evidence;
+        }
+
+        let empty = Default::default();
+        let log = self.teardown.get(&pid).unwrap_or(&empty);
+        if let (Some(dead), true) = (dead, c.gpu) {
+            let to = c.kernel_release.map_or(now, |k| k.0);
+            let (mut phases, mut coverage) = match c.dead_tid {
+                Some(tid) => log.phases(&self.stacks, tid, dead, to),
+                None => (Vec::new(), None),
+            };
+            if phases.is_empty() {
+                phases = log.hooked_phases(dead, to);
+                let covered: u64 = phases.iter().map(|p| p.ns).sum();
+                coverage = (!phases.is_empty() && to > dead)
+                    .then(|| (covered as f64 / (to - dead) as f64).min(1.0));
+            }
+            inc.phases = phases;
+            inc.phases_coverage = coverage;
+            inc.release = log.driver_release(dead, to);
+            let end = back.map_or(to, |b| b.0.max(to));
+            inc.teardown_stacks = log
+                .weighted_stacks(dead, end)
+                .into_iter()
+                .map(|(id, ns)| {
+                    let mut frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                    frames.reverse();
+                    (frames, ns)
+                })
+                .collect();
+        }
+        if c.gpu {
+            inc.collateral =
+                self.ledger
+                    .refused_others(pid, inc.t_signal_ns, back.map_or(now, |b| b.0));
+        }
+        if let Some(mine) = self.teardown_of(id) {
+            let open: Vec<(u64, _)> = self
+                .cases
+                .keys()
+                .filter_map(|k| Some((*k, self.teardown_of(*k)?)))
+                .collect();
+            inc.storm = self.storms.view(id, &mine, &open);
+        }
+        let from = c.signals.first().map_or(inc.t_signal_ns, |s| s.t_ns);
+        inc.losses = self.losses.between(from, now);
+        inc.lingering = dead.is_some_and(|d| now.saturating_sub(d) >= self.config.linger_after_ns)
+            && back.is_none()
+            && c.gpu;
+
+        if c.gpu || dead.is_none() {
+            let asleep = log
+                .asleep(now)
+                .into_iter()
+                .map(|(tid, since, id)| {
+                    let frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                    (tid, since, frames)
+                })
+                .collect();
+            let unknown_nvml_pids = self
+                .nvml
+                .iter()
+                .flatten()
+                .flat_map(|g| g.processes.iter().map(|p| p.pid))
+                .filter(|&p| p != pid && self.holders.process(p).is_none())
+                .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
+                .collect();
+            let cx = verdict::Context {
+                deferral: log.deferral(&self.stacks),
+                asleep,
+                unknown_nvml_pids,
+                still_listed: self.nvml.as_ref().and(w.map(|w| w.listed)),
+                others_in_flight: self.others_in_flight(id),
+                slow_after_ns: self.config.slow_after_ns,
+                now_ns: now,
+            };
+            inc.verdict = verdict::decide(&inc, &cx);
+        }
+        inc
+    }
+
+    /// Other processes holding the case's memory: its files' holders at death (with when each
+    /// let go) and the importers found.
+    fn holders_of_case(&self, c: &Case, w: Option<&Watch>) -> Vec<Holder> {
+        let mut out = c.fd_holders.clone();
+        for h in &mut out {
+            h.t_released_ns = c.holder_gone.get(&h.pid).copied().flatten();
+        }
+        for r in w.iter().flat_map(|w| &w.residuals) {
+            let (comm, ppid) = self
+                .holders
+                .process(r.importer)
+                .map(|p| (p.comm.clone(), p.ppid))
+                .or_else(|| {
+                    self.cases
+                        .values()
+                        .find(|o| o.inc.target.pid == r.importer)
+                        .map(|o| (o.inc.target.comm.clone(), 0))
+                })
+                .unwrap_or_default();
+            out.push(Holder {
+                pid: r.importer,
+                comm,
+                ppid,
+                fds: Vec::new(),
+                how: How::Import {
+                    t_ns: r.found_ns,
+                    bytes: r.bytes,
+                    via: r.via,
+                },
+                t_released_ns: r.back_ns,
+            });
+        }
+        out
+    }
+
+    /// What the death was to give back, in words.
+    fn share_evidence(&self, c: &Case, w: Option<&Watch>, pid: u32) -> Vec<String> {
+        let sentence = match w.map(|w| w.role) {
+            Some(Role::Own { .. }) => match w.and_then(|w| w.share()) {
+                Some((share, ShareFrom::Nvml)) => {
+                    format!("its share: {} (NVML's figure for pid {pid})", gib(share))
+                }
+                Some((share, ShareFrom::Ledger)) => format!(
+                    "its share: {} (its ledger; NVML never listed pid {pid})",
+                    gib(share)
+                ),
+                _ => "NVML never listed it and its ledger is empty: no GPU memory of its own"
+                    .to_string(),
+            },
+            Some(Role::AliasOf(owner)) => {
+                let who = self
+                    .cases
+                    .get(&owner)
+                    .map(|o| format!("{}[{}]", o.inc.target.comm, o.inc.target.pid))
+                    .unwrap_or_else(|| "another dead process".into());
+                format!("its GPU files carry the memory of {who} (incident {owner}): back with it")
+            }
+            Some(Role::Nothing) => {
+                let owners: Vec<String> = c
+                    .fd_holders
+                    .iter()
+                    .map(|h| format!("{}[{}]", h.comm, h.pid))
+                    .collect();
+                format!(
+                    "its GPU files stay open in {}, which own the memory: its death released none \
+                     of it",
+                    owners.join(", ")
+                )
+            }
+            _ => return Vec::new(),
+        };
+        vec![sentence]
+    }
+
+    /// The incident's headline signal: the one that killed it (the SIGKILL of an escalation,
+    /// the catchable signal whose handler exited), or none for a plain exit.
+    fn set_signal(&self, inc: &mut Incident, sent: &[SignalSent], exit: Option<&ExitStatus>) {
+        let by_exit = exit.and_then(|e| e.signal);
+        let deciding = match by_exit {
+            Some(sig) => sent.iter().find(|s| s.sig == sig),
+            None if inc.termination.mode == Mode::Term => sent.iter().find(|s| s.sig != SIGKILL),
+            None => None,
+        };
+        match (deciding, by_exit) {
+            (Some(s), _) => {
+                inc.signal = s.sig;
+                inc.signal_name = s.name.clone();
+                inc.origin = s.origin;
+                inc.si_code = s.si_code;
+                inc.sender = Some(s.sender.clone());
+                inc.t_signal_ns = s.t_ns;
+            }
+            (None, sig) => {
+                // Exited on its own, or killed by a signal outside the traced set.
+                inc.signal = sig.unwrap_or(0);
+                inc.signal_name = sig.map_or("exit".into(), signals::name);
+                inc.origin = Origin::User;
+                inc.si_code = 0;
+                inc.sender = None;
+                inc.t_signal_ns = inc.t_group_dead_ns.unwrap_or(inc.t_signal_ns);
+            }
+        }
+    }
+
+    /// Which source decided the memory's return, and where the sources disagree.
+    fn release_evidence(
+        &self,
+        inc: &Incident,
+        back: Option<(u64, Source)>,
+        kernel: Option<(u64, Source)>,
+    ) -> Vec<String> {
+        let ms = |t: u64| inc.ms_after_signal(t);
+        let mut out = Vec::new();
+        if let Some((k, how)) = kernel {
+            out.push(format!(
+                "its own release of its GPU files ended at +{:.1} ms ({})",
+                ms(k),
+                match how {
+                    Source::Fput => "the driver hooks' last __fput",
+                    _ => "the zombie transition: an upper bound",
+                }
+            ));
+        }
+        match back {
+            Some((b, Source::Nvml)) => {
+                out.push(format!(
+                    "memory back at +{:.1} ms: NVML stopped listing pid {} and the device's used \
+                     memory came down by its share",
+                    ms(b),
+                    inc.target.pid
+                ));
+                if let Some((k, _)) = kernel {
+                    if inc.holders.is_empty() && b.abs_diff(k) > DISAGREE_NS {
+                        out.push(format!(
+                            "NVML and the kernel are {:.1} ms apart: the memory's return is \
+                             NVML's reading (the device's memory is the fact); the kernel's time \
+                             is that of the files, and NVML's reads queue behind the driver's \
+                             lock during teardowns",
+                            b.abs_diff(k) as f64 / 1e6
+                        ));
+                    }
+                }
+            }
+            Some((b, _)) => out.push(format!(
+                "memory back at +{:.1} ms by the kernel's account: its last holder's release (no \
+                 NVML reading to confirm it)",
+                ms(b)
+            )),
+            None => {}
+        }
+        out
+    }
+}
+
+/// What changed since the last report, in words.
+pub(super) fn changes(prev: Option<&Reported>, inc: &Incident) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(gpu) = inc.gpu.as_ref() else {
+        return out;
+    };
+    let gone: Vec<String> = inc
+        .holders
+        .iter()
+        .filter(|h| h.t_released_ns.is_some())
+        .filter(|h| prev.is_some_and(|p| p.holders_left.contains(&h.pid)))
+        .map(|h| format!("{}[{}]", h.comm, h.pid))
+        .collect();
+    if !gone.is_empty() {
+        out.push(format!("let go: {}", gone.join(", ")));
+    }
+    if prev.is_some_and(|p| !p.dead) && inc.t_group_dead_ns.is_some() {
+        out.push("the process died".into());
+    }
+    if gpu.t_memory_back_ns.is_some() {
+        out.push("memory back".into());
+    } else if inc.lingering && prev.is_some_and(|p| !p.lingering) {
+        out.push("lingering".into());
+    }
+    out
+}

@@ -1,0 +1,550 @@
+//! The state machine and its verdicts from synthetic event sequences, shaped like the kill
+//! situations seen on the H200 (no root, no kernel): one test per way the answer went wrong.
+
+use super::{
+    correlate::{Correlator, CorrelatorConfig, Output},
+    holders::How,
+    incident::{Incident, Source},
+    termination::Mode,
+    verdict::VerdictKind,
+};
+use crate::event::{Event, EventData, FdOp, LossKind, NvmlGpu, NvmlProcess, ProcInfo, SampleKind};
+
+const MS: u64 = 1_000_000;
+const GIB: u64 = 1 << 30;
+const SHELL: u32 = 100;
+const FILE: u64 = 0xffff_8880_0000_1000;
+
+/// Feeds events and keeps what the correlator reported.
+struct Run {
+    c: Correlator,
+    out: Vec<Output>,
+}
+
+impl Run {
+    fn new() -> Self {
+        Self {
+            c: Correlator::new(CorrelatorConfig {
+                linger_after_ns: 10_000 * MS,
+                ..Default::default()
+            }),
+            out: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, pid: u32, t_ms: f64, data: EventData) {
+        self.feed_tid(pid, pid, t_ms, data);
+    }
+
+    fn feed_tid(&mut self, pid: u32, tid: u32, t_ms: f64, data: EventData) {
+        let e = Event {
+            ts_ns: (t_ms * MS as f64) as u64,
+            cpu: 0,
+            pid,
+            tid,
+            data,
+        };
+        self.c.on_event(&e, &mut self.out);
+    }
+
+    fn tick(&mut self, t_ms: f64) {
+        self.feed(0, t_ms, EventData::Tick);
+    }
+
+    /// A GPU holder: opened the device (file FILE + n) and NVML lists its allocation.
+    fn holder(&mut self, pid: u32, n: u64, t_ms: f64) {
+        self.feed(pid, t_ms, fd(FdOp::Open, 3, FILE + n));
+    }
+
+    fn kill(&mut self, sender: u32, target: u32, sig: u32, t_ms: f64) {
+        self.feed(
+            sender,
+            t_ms,
+            EventData::SignalGenerate {
+                sig,
+                code: 0,
+                result: 0,
+                group: true,
+                target_pid: target,
+                target_tid: target,
+                target_threads: 2,
+                sender_comm: "bash".into(),
+                target_comm: "python3".into(),
+            },
+        );
+    }
+
+    /// Group death, the held files walked first, as the kernel records them.
+    fn die(&mut self, pid: u32, files: &[u64], t_ms: f64, exit_code: u32) {
+        for (i, f) in files.iter().enumerate() {
+            self.feed(pid, t_ms, fd(FdOp::HeldAtExit, 3 + i as i32, *f));
+        }
+        self.feed(
+            pid,
+            t_ms,
+            EventData::TaskExit {
+                exit_code,
+                group_dead: true,
+                comm: "python3".into(),
+            },
+        );
+    }
+
+    /// SIGCHLD to the parent (zombie), then the parent's reap.
+    fn zombie_and_reap(&mut self, pid: u32, t_ms: f64) {
+        self.kill(pid, SHELL, 17, t_ms);
+        self.feed(
+            SHELL,
+            t_ms + 0.05,
+            EventData::Reap {
+                reaped_pid: pid,
+                by_wait: true,
+                comm: "bash".into(),
+            },
+        );
+    }
+
+    fn nvml(&mut self, t_ms: f64, used: u64, procs: &[(u32, u64)]) {
+        let gpus = vec![NvmlGpu {
+            index: 0,
+            used,
+            total: 140 * GIB,
+            processes: procs
+                .iter()
+                .map(|&(pid, used)| NvmlProcess {
+                    pid,
+                    used: Some(used),
+                })
+                .collect(),
+        }];
+        self.feed(0, t_ms, EventData::Nvml { gpus });
+    }
+
+    fn incidents(&self) -> Vec<&Incident> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Incident(i) => Some(&**i),
+                Output::Signal(_) => None,
+            })
+            .collect()
+    }
+
+    fn last_of(&self, pid: u32) -> &Incident {
+        self.incidents()
+            .into_iter()
+            .rev()
+            .find(|i| i.target.pid == pid)
+            .unwrap_or_else(|| panic!("no incident of {pid}: {:?}", self.out))
+    }
+}
+
+fn fd(op: FdOp, fd: i32, file: u64) -> EventData {
+    EventData::GpuFd {
+        op,
+        fd,
+        dev: 195 << 20,
+        cloexec: false,
+        truncated: false,
+        file,
+        refcount: 1,
+    }
+}
+
+fn verdict(i: &Incident) -> VerdictKind {
+    i.verdict.as_ref().expect("a verdict").kind
+}
+
+fn back(i: &Incident) -> Option<u64> {
+    i.gpu.as_ref().and_then(|g| g.t_memory_back_ns)
+}
+
+#[test]
+fn a_kill_before_nvml_ever_listed_the_victim_is_timed_from_the_readings_after_it() {
+    let mut r = Run::new();
+    r.nvml(0.0, GIB / 2, &[]);
+    // Allocated 16 GiB at 500 ms; the next idle reading would be at 1 s.
+    r.holder(10, 0, 500.0);
+    r.kill(SHELL, 10, 9, 700.0);
+    r.die(10, &[FILE], 700.1, 9);
+    r.nvml(701.0, 17 * GIB, &[(10, 16 * GIB)]);
+    r.nvml(750.0, 17 * GIB, &[(10, 16 * GIB)]);
+    r.nvml(839.5, GIB / 2, &[]);
+    r.zombie_and_reap(10, 840.0);
+    r.tick(860.0);
+    let inc = r.last_of(10);
+    assert_eq!(verdict(inc), VerdictKind::Released);
+    assert_eq!(back(inc), Some(839_500_000));
+    let gpu = inc.gpu.as_ref().expect("gpu");
+    assert_eq!(gpu.memory_back_by, Some(Source::Nvml));
+    assert_eq!(gpu.share_bytes, 16 * GIB);
+    // Its own release of the files is the zombie transition, not the group's death.
+    assert_eq!(gpu.t_files_released_ns, Some(840_000_000));
+    assert_eq!(gpu.files_released_by, Some(Source::Zombie));
+}
+
+#[test]
+fn imported_memory_is_never_called_back_and_names_the_importer() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.holder(20, 1, 0.0);
+    let ioctl = |h_root, h_object, h_class, ctrl_cmd, cmd, size| EventData::GpuIoctl {
+        fd: 3,
+        cmd,
+        dev: 195 << 20,
+        ret: 0,
+        duration_ns: 1000,
+        file: 0,
+        h_root,
+        h_parent: 0,
+        h_object,
+        h_class,
+        status: 0,
+        ctrl_cmd,
+        size,
+    };
+    // 10 creates client 0xc1 through its file and allocates 4.5 GiB; 20 duplicates it.
+    let mut alloc = ioctl(0xc1, 0xc1, 0x41, 0, 0xc030_462b, 0);
+    if let EventData::GpuIoctl { file, .. } = &mut alloc {
+        *file = FILE;
+    }
+    r.feed(10, 1.0, alloc);
+    let mut mem = ioctl(0xc1, 0x96, 0x40, 0, 0xc030_462b, 9 * GIB / 2);
+    if let EventData::GpuIoctl { file, .. } = &mut mem {
+        *file = FILE;
+    }
+    r.feed(10, 2.0, mem);
+    let mut dup = ioctl(0xc2, 0x98, 0x96, 0xc1, 0xc01c_4634, 0);
+    if let EventData::GpuIoctl { file, .. } = &mut dup {
+        *file = FILE + 1;
+    }
+    r.feed(20, 3.0, dup);
+    r.nvml(900.0, 6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]);
+    r.kill(SHELL, 10, 9, 1000.0);
+    r.die(10, &[FILE], 1000.1, 9);
+    r.nvml(1001.0, 6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]);
+    // The exporter leaves the list; only its context comes back; 20 is charged the rest.
+    r.nvml(1080.0, 11 * GIB / 2, &[(20, 5 * GIB)]);
+    r.zombie_and_reap(10, 1081.0);
+    r.tick(1200.0);
+    let inc = r.last_of(10);
+    assert_eq!(verdict(inc), VerdictKind::Imported);
+    assert_eq!(
+        back(inc),
+        None,
+        "never released while the importer holds it"
+    );
+    let importer = inc.holders.iter().find(|h| h.pid == 20).expect("importer");
+    assert!(matches!(importer.how, How::Import { bytes, .. } if bytes == 9 * GIB / 2));
+    // The importer exits: an update with the memory back.
+    r.kill(SHELL, 20, 9, 4000.0);
+    r.die(20, &[FILE + 1], 4000.1, 9);
+    r.nvml(4001.0, 11 * GIB / 2, &[(20, 5 * GIB)]);
+    r.nvml(4130.0, GIB / 2, &[]);
+    r.zombie_and_reap(20, 4131.0);
+    r.tick(4200.0);
+    let update = r.last_of(10);
+    assert_eq!(update.record_type, "incident_update");
+    assert_eq!(back(update), Some(4_130_000_000));
+}
+
+#[test]
+fn waking_uvm_bottom_half_threads_is_not_a_deferred_close() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.nvml(1.0, 3 * GIB, &[(10, 2 * GIB)]);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.die(10, &[FILE], 100.1, 9);
+    for (t, comm) in [(110.0, "UVM GPU1 BH"), (120.0, "UVM GPU1 KC")] {
+        r.feed(
+            10,
+            t,
+            EventData::KthreadWakeup {
+                kthread_tid: 77,
+                owner: 10,
+                comm: comm.into(),
+            },
+        );
+    }
+    r.nvml(230.0, GIB, &[]);
+    r.zombie_and_reap(10, 231.0);
+    r.tick(250.0);
+    assert_eq!(verdict(r.last_of(10)), VerdictKind::Released);
+
+    // UVM's deferred release queue is evidence.
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.nvml(1.0, 3 * GIB, &[(10, 2 * GIB)]);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.die(10, &[FILE], 100.1, 9);
+    r.feed(
+        10,
+        110.0,
+        EventData::KthreadWakeup {
+            kthread_tid: 78,
+            owner: 10,
+            comm: "UVM deferred re".into(),
+        },
+    );
+    r.nvml(230.0, GIB, &[]);
+    r.zombie_and_reap(10, 231.0);
+    r.tick(250.0);
+    assert_eq!(verdict(r.last_of(10)), VerdictKind::DeferredClose);
+}
+
+#[test]
+fn phases_partition_the_dying_threads_time_with_lock_waits_their_own() {
+    let mut r = Run::new();
+    let stack = |id: i32, frames: &[&str]| EventData::Stack {
+        id,
+        frames: frames.iter().map(|f| f.to_string()).collect(),
+    };
+    r.holder(10, 0, 0.0);
+    r.nvml(1.0, 3 * GIB, &[(10, 2 * GIB)]);
+    r.kill(SHELL, 10, 9, 100.0);
+    // Symbolized stacks follow the samples that first name them, while an incident is open.
+    r.feed(
+        0,
+        100.0,
+        stack(
+            1,
+            &[
+                "_kgspRpcRecvPoll [nvidia]",
+                "rpcRmApiFree_GSP [nvidia]",
+                "rm_cleanup_file_private [nvidia]",
+            ],
+        ),
+    );
+    r.feed(
+        0,
+        100.0,
+        stack(
+            2,
+            &[
+                "schedule",
+                "rwsem_down_write_slowpath",
+                "down_write",
+                "os_acquire_rwlock_write [nvidia]",
+            ],
+        ),
+    );
+    // The group-dead thread is 11; thread 12 ran in parallel (its time is not the interval's).
+    r.feed_tid(
+        10,
+        12,
+        100.05,
+        EventData::TaskExit {
+            exit_code: 9,
+            group_dead: false,
+            comm: "t".into(),
+        },
+    );
+    r.feed(10, 100.1, fd(FdOp::HeldAtExit, 3, FILE));
+    r.feed_tid(
+        10,
+        11,
+        100.1,
+        EventData::TaskExit {
+            exit_code: 9,
+            group_dead: true,
+            comm: "t".into(),
+        },
+    );
+    let sample = |tid, kind, stack_id, blocked_ns| EventData::TeardownSample {
+        sample: kind,
+        stack_id,
+        owner: 10,
+        tid,
+        blocked_ns,
+    };
+    // Waiting 600 ms for another process's teardown, then 100 ms of its own.
+    r.feed(10, 100.2, sample(11, SampleKind::BlockStart, 2, 0));
+    r.feed(10, 700.2, sample(11, SampleKind::BlockEnd, 2, 600 * MS));
+    r.feed(10, 800.2, sample(11, SampleKind::OnCpu, 1, 0));
+    r.feed(10, 800.2, sample(12, SampleKind::OnCpu, 1, 0));
+    r.nvml(800.5, GIB, &[]);
+    r.zombie_and_reap(10, 801.0);
+    r.tick(820.0);
+    let inc = r.last_of(10);
+    let sum: u64 = inc.phases.iter().map(|p| p.ns).sum();
+    let interval = 801 * MS - 100_100_000;
+    assert!(sum <= interval, "{sum} > {interval}");
+    assert_eq!(inc.phases[0].name.label(), "lock wait");
+    // The sleep, and the moment before it when the thread ran into the lock.
+    assert!((600 * MS..=601 * MS).contains(&inc.phases[0].ns));
+    let coverage = inc.phases_coverage.expect("coverage");
+    assert!((0.99..=1.0).contains(&coverage), "{coverage}");
+}
+
+#[test]
+fn a_stop_escalated_by_timeout_is_one_incident_with_every_signal() {
+    let mut r = Run::new();
+    let (timeout, cmd) = (50, 51);
+    r.holder(cmd, 0, 0.0);
+    r.nvml(1.0, 3 * GIB, &[(cmd, 2 * GIB)]);
+    // SIGTERM to the child, to the group (timeout itself handles it), ignored by the child.
+    r.kill(timeout, cmd, 15, 12_000.0);
+    r.kill(timeout, timeout, 15, 12_000.1);
+    r.feed(
+        timeout,
+        12_000.2,
+        EventData::SignalDeliver {
+            sig: 15,
+            code: 0,
+            handler: 0x4000,
+            sa_flags: 0,
+        },
+    );
+    r.tick(13_100.0);
+    // Both survivors are reported at once, not after the escalation window.
+    let notices = r
+        .out
+        .iter()
+        .filter(|o| matches!(o, Output::Signal(_)))
+        .count();
+    assert_eq!(notices, 2);
+    r.kill(timeout, cmd, 9, 14_000.0);
+    r.kill(timeout, timeout, 9, 14_000.1);
+    r.die(timeout, &[], 14_000.2, 9);
+    r.die(cmd, &[FILE], 14_000.3, 9);
+    r.nvml(14_001.0, 3 * GIB, &[(cmd, 2 * GIB)]);
+    r.nvml(14_140.0, GIB, &[]);
+    r.zombie_and_reap(cmd, 14_141.0);
+    r.zombie_and_reap(timeout, 14_001.0);
+    r.tick(14_200.0);
+    let incidents: Vec<&Incident> = r
+        .incidents()
+        .into_iter()
+        .filter(|i| i.target.pid == cmd)
+        .collect();
+    assert_eq!(incidents.len(), 1);
+    let t = &incidents[0].termination;
+    assert_eq!(t.mode, Mode::Escalated);
+    assert_eq!(t.signals.len(), 2);
+    assert_eq!(t.grace_ns, Some(2_000 * MS));
+    assert_eq!(incidents[0].signal_name, "SIGKILL");
+    // timeout killed itself with its own kill(0, SIGKILL): its own doing.
+    assert_eq!(r.last_of(timeout).termination.mode, Mode::Fault);
+}
+
+#[test]
+fn a_gpu_process_that_exits_on_its_own_is_an_exit_incident() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.nvml(1.0, 3 * GIB, &[(10, 2 * GIB)]);
+    r.die(10, &[FILE], 500.0, 0);
+    r.nvml(501.0, 3 * GIB, &[(10, 2 * GIB)]);
+    r.nvml(620.0, GIB, &[]);
+    r.zombie_and_reap(10, 621.0);
+    r.tick(640.0);
+    let inc = r.last_of(10);
+    assert_eq!(inc.termination.mode, Mode::Exit);
+    assert_eq!(inc.signal, 0);
+    assert!(inc.sender.is_none());
+    assert_eq!(
+        inc.t_signal_ns,
+        500 * MS,
+        "an exit counts from the group's death"
+    );
+    assert_eq!(back(inc), Some(620 * MS));
+}
+
+#[test]
+fn lingers_own_signals_are_not_incidents() {
+    let mut r = Run::new();
+    r.feed(0, 0.0, EventData::Collector { pid: 42 });
+    r.kill(SHELL, 42, 2, 10.0);
+    r.tick(5_000.0);
+    let mut out = Vec::new();
+    r.c.finish(&mut out);
+    assert!(r.out.is_empty() && out.is_empty(), "{:?} {out:?}", r.out);
+}
+
+#[test]
+fn lost_records_make_an_unconfirmed_release_incomplete() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.feed(
+        0,
+        100.05,
+        EventData::Loss {
+            count: 12,
+            what: LossKind::Holders,
+        },
+    );
+    r.die(10, &[FILE], 100.1, 9);
+    r.zombie_and_reap(10, 240.0);
+    r.tick(300.0);
+    let inc = r.last_of(10);
+    assert_eq!(verdict(inc), VerdictKind::Incomplete);
+    assert_eq!(inc.losses[0].what, LossKind::Holders);
+}
+
+#[test]
+fn a_forked_holder_is_reported_at_once_and_updated_when_it_goes() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.feed(
+        10,
+        1.0,
+        EventData::Fork {
+            child_pid: 11,
+            files_shared: false,
+            comm: "python3".into(),
+        },
+    );
+    // /proc is read after the parent died: it says ppid 1, the fork record knows better.
+    r.feed(
+        11,
+        1.1,
+        EventData::ProcInfo(ProcInfo {
+            pid: 11,
+            ppid: 1,
+            comm: "python3".into(),
+            ..Default::default()
+        }),
+    );
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.kill(SHELL, 10, 9, 1000.0);
+    r.die(10, &[FILE], 1000.1, 9);
+    r.zombie_and_reap(10, 1000.3);
+    r.nvml(1001.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.tick(1020.0);
+    let first = r.last_of(10);
+    assert_eq!(first.record_type, "incident");
+    assert_eq!(verdict(first), VerdictKind::SharedFd);
+    assert_eq!(first.holders[0].pid, 11);
+    assert_eq!(first.holders[0].ppid, 10);
+    assert!(back(first).is_none());
+    // The child dies 7.8 s later: its own incident, and the parent's update.
+    r.kill(SHELL, 11, 9, 8800.0);
+    r.die(11, &[FILE], 8800.1, 9);
+    r.nvml(8801.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.nvml(8920.0, GIB, &[]);
+    r.zombie_and_reap(11, 8921.0);
+    r.tick(8940.0);
+    let update = r.last_of(10);
+    assert_eq!(update.record_type, "incident_update");
+    assert_eq!(back(update), Some(8920 * MS));
+    assert_eq!(update.holders[0].t_released_ns, Some(8921 * MS));
+    let child = r.last_of(11);
+    assert_eq!(
+        back(child),
+        Some(8920 * MS),
+        "the child held the parent's memory"
+    );
+}
+
+#[test]
+fn without_nvml_the_kernel_side_release_is_the_answer_and_says_so() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.die(10, &[FILE], 100.1, 9);
+    r.zombie_and_reap(10, 230.0);
+    r.tick(250.0);
+    let gpu = r.last_of(10).gpu.clone().expect("gpu");
+    assert_eq!(gpu.t_memory_back_ns, Some(230 * MS));
+    assert_eq!(gpu.memory_back_by, Some(Source::Kernel));
+}
