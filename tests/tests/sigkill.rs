@@ -47,3 +47,19 @@ fn sigkill_of_a_five_thread_child() {
     assert_eq!(num(inc, "/reaper/pid"), u64::from(me), "{inc:#}");
     assert_eq!(text(inc, "/reaper/how"), "wait");
 }
+
+#[test]
+fn ctrl_c_stops_linger_without_an_incident_about_itself() {
+    require_root();
+    let live = Live::start(["--json"]);
+    let me = live.child.pid();
+    live.child.signal(Signal::SIGINT);
+    let out = live.finish();
+    assert!(out.status.success(), "{out:#?}");
+    let about_itself = out
+        .records
+        .iter()
+        .filter(|r| r["target"]["pid"] == me)
+        .count();
+    assert_eq!(about_itself, 0, "{out:#?}");
+}

@@ -111,6 +111,8 @@ pub(super) struct Case {
     pub kernel_release: Option<(u64, Source)>,
     /// Other processes holding its files at death, and when each let go.
     pub fd_holders: Vec<Holder>,
+    /// For a holder of another dead process's files: that process, "comm[pid]".
+    pub owner: Option<String>,
     pub holder_gone: BTreeMap<u32, Option<u64>>,
     reported: Option<Reported>,
     stuck_reported: bool,
@@ -305,6 +307,7 @@ impl Correlator {
             fput_end: None,
             kernel_release: None,
             fd_holders: Vec::new(),
+            owner: None,
             holder_gone: BTreeMap::new(),
             reported: None,
             stuck_reported: false,
@@ -393,7 +396,15 @@ impl Correlator {
             let oom = self.oom_marked.remove(&pid).is_some();
             let fd_holders = self.holders.holders_of(&files, pid);
             let role = self.role_at_death(id, pid, &files, &fd_holders);
+            let owner = match role {
+                Role::AliasOf(o) => self
+                    .cases
+                    .get(&o)
+                    .map(|o| format!("{}[{}]", o.inc.target.comm, o.inc.target.pid)),
+                _ => None,
+            };
             if let Some(c) = self.cases.get_mut(&id) {
+                c.owner = owner;
                 c.inc.t_group_dead_ns = Some(t_ns);
                 c.inc.exit = Some(ExitStatus::from_code(exit_code));
                 c.inc.outcome = Outcome::Exited;
@@ -445,11 +456,12 @@ impl Correlator {
     /// What a GPU holder's death is to give back.
     fn role_at_death(&self, id: u64, pid: u32, files: &[FileId], others: &[Holder]) -> Role {
         let video = self.ledger.bytes(files).video;
+        let allocators = self.ledger.allocators(files);
         let listed = self
             .memory
             .watch(id)
             .is_some_and(|w| w.max_figure.is_some());
-        if listed || self.ledger.allocators(files).contains(&pid) {
+        if listed || allocators.contains(&pid) {
             return Role::Own { ledger: video };
         }
         // Another dead process's memory, in files it inherited.
@@ -462,10 +474,15 @@ impl Correlator {
         if let Some((other, _)) = owner {
             return Role::AliasOf(*other);
         }
-        if others.is_empty() {
-            Role::Own { ledger: video }
-        } else {
+        // The memory is the live holders' only on evidence: NVML lists one of them, or one
+        // of them allocated it; without that it counts as this death's.
+        let owned_by_others = others
+            .iter()
+            .any(|h| allocators.contains(&h.pid) || self.memory.listed(h.pid));
+        if owned_by_others {
             Role::Nothing
+        } else {
+            Role::Own { ledger: video }
         }
     }
 

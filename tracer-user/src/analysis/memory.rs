@@ -336,6 +336,13 @@ impl MemoryBook {
         self.pools.retain(|_, p| !p.victims.is_empty());
     }
 
+    /// Whether the latest reading lists `pid` on some GPU.
+    pub fn listed(&self, pid: u32) -> bool {
+        self.last
+            .values()
+            .any(|(g, _)| g.processes.iter().any(|p| p.pid == pid))
+    }
+
     /// Whether a reading of every GPU was taken after `t_ns`.
     pub fn read_since(&self, t_ns: u64) -> bool {
         !self.last.is_empty() && self.last.values().all(|(_, t)| *t > t_ns)

@@ -215,11 +215,7 @@ impl Correlator {
                     .to_string(),
             },
             Some(Role::AliasOf(owner)) => {
-                let who = self
-                    .cases
-                    .get(&owner)
-                    .map(|o| format!("{}[{}]", o.inc.target.comm, o.inc.target.pid))
-                    .unwrap_or_else(|| "another dead process".into());
+                let who = c.owner.as_deref().unwrap_or("another dead process");
                 format!("its GPU files carry the memory of {who} (incident {owner}): back with it")
             }
             Some(Role::Nothing) => {

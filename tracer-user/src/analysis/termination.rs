@@ -133,22 +133,40 @@ pub fn describe(t: &Termination) -> String {
     let Some(first) = t.signals.first() else {
         return "exited on its own".into();
     };
-    let steps: Vec<String> = t
-        .signals
-        .iter()
-        .map(|s| {
-            let action = match (s.discarded, s.action) {
-                (true, _) | (false, Some(Action::Ignore)) => " (ignored)",
-                (false, Some(Action::Handler)) => " (handled)",
-                _ => "",
-            };
-            format!(
-                "{}{action} from {} +{:.1} ms",
-                s.name,
-                sender(&s.sender),
-                (s.t_ns - first.t_ns) as f64 / 1e6
-            )
-        })
+    // The same signal from the same sender within a millisecond (to the process and to its
+    // group, as `timeout` sends them) is one step.
+    let mut steps: Vec<(String, u32)> = Vec::new();
+    let mut killed = false;
+    let mut last: Option<&SignalSent> = None;
+    for s in &t.signals {
+        let action = match (s.discarded, s.action) {
+            (true, _) if killed => " (already dying)",
+            (true, _) | (false, Some(Action::Ignore)) => " (ignored)",
+            (false, Some(Action::Handler)) => " (handled)",
+            _ => "",
+        };
+        killed |= s.sig == SIGKILL;
+        let same = last.is_some_and(|l| {
+            l.sig == s.sig && l.sender.pid == s.sender.pid && s.t_ns - l.t_ns < 1_000_000
+        });
+        last = Some(s);
+        if same {
+            if let Some(step) = steps.last_mut() {
+                step.1 += 1;
+            }
+            continue;
+        }
+        let step = format!(
+            "{}{action} from {} +{:.1} ms",
+            s.name,
+            sender(&s.sender),
+            (s.t_ns - first.t_ns) as f64 / 1e6
+        );
+        steps.push((step, 1));
+    }
+    let steps: Vec<String> = steps
+        .into_iter()
+        .map(|(s, n)| if n > 1 { format!("{s} (×{n})") } else { s })
         .collect();
     let tail = match (t.mode, t.grace_ns) {
         (Mode::Escalated, Some(g)) => format!(

@@ -548,3 +548,31 @@ fn without_nvml_the_kernel_side_release_is_the_answer_and_says_so() {
     assert_eq!(gpu.t_memory_back_ns, Some(230 * MS));
     assert_eq!(gpu.memory_back_by, Some(Source::Kernel));
 }
+
+#[test]
+fn without_nvml_a_forked_holders_death_updates_its_parent() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.feed(
+        10,
+        1.0,
+        EventData::Fork {
+            child_pid: 11,
+            files_shared: false,
+            comm: "x".into(),
+        },
+    );
+    r.feed(11, 2.0, EventData::Exec { comm: "x".into() });
+    r.feed(11, 2.1, fd(FdOp::HeldAtExec, 3, FILE));
+    r.kill(SHELL, 10, 9, 500.0);
+    r.die(10, &[FILE], 500.1, 9);
+    r.kill(10, 1, 17, 500.2);
+    r.tick(600.0);
+    assert_eq!(r.last_of(10).record_type, "incident");
+    r.kill(SHELL, 11, 9, 900.0);
+    r.die(11, &[FILE], 900.1, 9);
+    r.kill(11, 1, 17, 900.2);
+    r.tick(1000.0);
+    let update = r.last_of(10);
+    assert_eq!(update.record_type, "incident_update", "{:?}", r.out);
+}

@@ -132,6 +132,7 @@ impl<'a, W: Write> Report<'a, W> {
         } else {
             let what = match what {
                 LossKind::Ring => "record(s): ring buffer full".to_string(),
+                LossKind::Stacks => "kernel stack(s): stack map full or a collision".to_string(),
                 other => format!("{other:?} map insert(s): map full").to_lowercase(),
             };
             eprintln!("linger: the kernel lost {count} {what}");

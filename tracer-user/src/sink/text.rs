@@ -12,6 +12,7 @@ use crate::{
         Output, SignalNotice,
     },
     clock::WallAnchor,
+    event::LossKind,
 };
 
 const INDENT: &str = "              ";
@@ -111,9 +112,10 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             ms(inc.ms_after_signal(f.t_ns))
         );
     }
-    if !inc.losses.is_empty() {
-        let lost: Vec<String> = inc
-            .losses
+    let (stacks, facts): (Vec<_>, Vec<_>) =
+        inc.losses.iter().partition(|l| l.what == LossKind::Stacks);
+    if !facts.is_empty() {
+        let lost: Vec<String> = facts
             .iter()
             .map(|l| format!("{} {}", l.count, loss_name(l.what)))
             .collect();
@@ -121,6 +123,13 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             s,
             "{INDENT}the kernel lost records meanwhile: {}; facts may be missing",
             lost.join(", ")
+        );
+    }
+    if let Some(l) = stacks.first() {
+        let _ = writeln!(
+            s,
+            "{INDENT}{} kernel stack(s) could not be kept meanwhile: the phases may miss some time",
+            l.count
         );
     }
     s
@@ -445,7 +454,7 @@ fn fd_ranges(fds: &[i32]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn loss_name(what: crate::event::LossKind) -> String {
+fn loss_name(what: LossKind) -> String {
     serde_json::to_value(what)
         .ok()
         .and_then(|v| v.as_str().map(String::from))

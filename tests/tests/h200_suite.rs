@@ -1,0 +1,288 @@
+//! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
+//! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Two passes of
+//! the same suite, whose timing differed, are both checked.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use serde_json::Value;
+
+/// Release times must match the independent poll this closely.
+const WITHIN_NS: u64 = 2_000_000;
+/// A parent whose memory others hold is reported this soon after its death.
+const AT_ONCE_NS: u64 = 100_000_000;
+
+fn linger() -> String {
+    std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
+}
+
+fn passes() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
+    ["pass1", "pass2"].iter().map(|p| root.join(p)).collect()
+}
+
+/// Every pass's scenarios, replayed once for all tests.
+fn suite() -> &'static [(PathBuf, Vec<Scenario>)] {
+    static SUITE: OnceLock<Vec<(PathBuf, Vec<Scenario>)>> = OnceLock::new();
+    SUITE.get_or_init(|| {
+        passes()
+            .into_iter()
+            .map(|dir| {
+                let scenarios = Scenario::all(&dir);
+                (dir, scenarios)
+            })
+            .collect()
+    })
+}
+
+/// One scenario: the poll's truth and what the replay reports.
+struct Scenario {
+    name: String,
+    truth: Value,
+    /// Every replayed line: records and events, in order.
+    lines: Vec<Value>,
+}
+
+impl Scenario {
+    fn all(dir: &Path) -> Vec<Scenario> {
+        let truth = std::fs::read_to_string(dir.join("truth.jsonl")).expect("truth.jsonl");
+        truth
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("truth line"))
+            .map(|truth| {
+                let name = truth["scenario"].as_str().expect("scenario").to_string();
+                assert!(
+                    truth["error"].is_null(),
+                    "{name} failed on the H200: {truth}"
+                );
+                let trace = dir.join(format!("{name}.trace"));
+                let out = Command::new(linger())
+                    .args(["replay", "--json", "--events"])
+                    .arg(&trace)
+                    .output()
+                    .expect("run linger replay");
+                assert!(
+                    out.status.success(),
+                    "{}: {}",
+                    trace.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let lines = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("JSON line"))
+                    .collect();
+                Scenario { name, truth, lines }
+            })
+            .collect()
+    }
+
+    /// Records about `pid` (incidents and updates), in order, each with the time of the last
+    /// event before it: when live tracing printed it.
+    fn records(&self, pid: u64) -> Vec<(u64, &Value)> {
+        let mut now = 0;
+        let mut out = Vec::new();
+        for l in &self.lines {
+            match l["type"].as_str() {
+                Some("event") => now = l["event"]["ts_ns"].as_u64().unwrap_or(now),
+                Some("incident" | "incident_update") if l["target"]["pid"] == pid => {
+                    out.push((now, l))
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The last record about `pid`: its final state.
+    fn last(&self, pid: u64) -> &Value {
+        self.records(pid)
+            .last()
+            .unwrap_or_else(|| panic!("{}: no incident of {pid}", self.name))
+            .1
+    }
+
+    fn victim(&self) -> &Value {
+        &self.truth["victims"][0]
+    }
+
+    fn expect(&self, key: &str) -> &Value {
+        &self.truth["expect"][key]
+    }
+}
+
+fn ns(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{pointer} missing in {v}"))
+}
+
+fn close(name: &str, what: &str, linger: u64, truth: u64) {
+    assert!(
+        linger.abs_diff(truth) <= WITHIN_NS,
+        "{name}: {what} {:.2} ms from the poll's",
+        (linger as f64 - truth as f64) / 1e6
+    );
+}
+
+/// Verdict, mode, holders and release time of every scenario but the storm.
+#[test]
+fn every_scenario_gets_the_verdict_mode_holders_and_release_time_of_the_poll() {
+    for (dir, all) in suite() {
+        for s in all.iter().filter(|s| s.name != "kill-storm") {
+            let pid = ns(s.victim(), "/pid");
+            let inc = s.last(pid);
+            let name = format!("{}/{}", dir.display(), s.name);
+            assert_eq!(inc["schema"], 2, "{name}");
+            assert_eq!(
+                inc["verdict"]["kind"],
+                *s.expect("verdict"),
+                "{name}: {inc}"
+            );
+            assert_eq!(
+                inc["termination"]["mode"],
+                *s.expect("mode"),
+                "{name}: {inc}"
+            );
+            let back = ns(inc, "/gpu/t_memory_back_ns");
+            close(&name, "memory back", back, ns(s.victim(), "/t_back_ns"));
+            assert_eq!(inc["gpu"]["memory_back_by"], "nvml", "{name}");
+            let holders: BTreeSet<u64> = inc["holders"]
+                .as_array()
+                .expect("holders")
+                .iter()
+                .map(|h| ns(h, "/pid"))
+                .collect();
+            let want: BTreeSet<u64> = s
+                .expect("holders")
+                .as_array()
+                .map_or_else(BTreeSet::new, |a| {
+                    a.iter().filter_map(Value::as_u64).collect()
+                });
+            assert_eq!(holders, want, "{name}: {inc}");
+            if let Some(status) = s.expect("status").as_u64() {
+                assert_eq!(inc["exit"]["status"], status, "{name}");
+            }
+            if let Some(grace) = s.expect("grace_ms").as_u64() {
+                let got = ns(inc, "/termination/grace_ns") as f64 / 1e6;
+                assert!((got - grace as f64).abs() < 50.0, "{name}: grace {got} ms");
+            }
+            // Its own release of its files is the zombie transition here (no driver hooks),
+            // never the group's death.
+            let own = ns(inc, "/gpu/t_files_released_ns");
+            assert_eq!(own, ns(inc, "/t_zombie_ns"), "{name}");
+            assert!(own > ns(inc, "/t_group_dead_ns"), "{name}");
+        }
+    }
+}
+
+/// Memory held elsewhere is said at once, then updated when it comes back.
+#[test]
+fn memory_held_by_others_is_reported_at_once_and_updated_when_back() {
+    for (dir, all) in suite() {
+        for s in all
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), "forked-holder" | "workers" | "ipc-import"))
+        {
+            let pid = ns(s.victim(), "/pid");
+            let records = s.records(pid);
+            let (printed, first) = records[0];
+            let name = format!("{}/{}", dir.display(), s.name);
+            assert_eq!(first["type"], "incident", "{name}");
+            assert!(
+                first["gpu"]["t_memory_back_ns"].is_null(),
+                "{name}: {first}"
+            );
+            assert_eq!(first["verdict"]["kind"], *s.expect("verdict"), "{name}");
+            let dead = ns(first, "/t_group_dead_ns");
+            assert!(
+                printed - dead <= AT_ONCE_NS,
+                "{name}: {} ms",
+                (printed - dead) / 1_000_000
+            );
+            let (_, last) = records.last().expect("records");
+            assert_eq!(last["type"], "incident_update", "{name}");
+            assert!(!last["gpu"]["t_memory_back_ns"].is_null(), "{name}");
+            // Nothing claimed the memory back before it was.
+            for (_, r) in &records[..records.len() - 1] {
+                assert!(r["gpu"]["t_memory_back_ns"].is_null(), "{name}: {r}");
+            }
+        }
+    }
+}
+
+/// Twelve concurrent kills: each victim's own release within 2 ms of its reap by the suite,
+/// the device back to its level when the poll saw it, and nobody called unknown.
+#[test]
+fn a_kill_storm_reports_each_release_and_the_devices_return() {
+    for (_, all) in suite() {
+        let s = all.iter().find(|s| s.name == "kill-storm").expect("storm");
+        let victims = s.truth["victims"].as_array().expect("victims");
+        let mut backs = Vec::new();
+        for v in victims {
+            let pid = ns(v, "/pid");
+            for (_, r) in s.records(pid) {
+                assert_eq!(r["verdict"]["kind"], "released", "never unknown: {r}");
+            }
+            let inc = s.last(pid);
+            assert_eq!(inc["storm"]["incidents"], 12, "{inc}");
+            let reaped = ns(v, "/t_reaped_ns");
+            let own = ns(inc, "/gpu/t_files_released_ns");
+            assert!(own <= reaped, "released after the reap? {inc}");
+            close(&s.name, "own release vs reap", own, reaped);
+            backs.push(ns(inc, "/gpu/t_memory_back_ns"));
+        }
+        let last = *backs.iter().max().expect("victims");
+        close(&s.name, "device back", last, ns(&s.truth, "/t_back_ns"));
+    }
+}
+
+/// linger stopped with Ctrl-C after every scenario: nothing about itself.
+#[test]
+fn linger_never_reports_on_itself() {
+    for (_, all) in suite() {
+        for s in all {
+            for l in &s.lines {
+                if l["type"] != "event" {
+                    assert_ne!(l["target"]["comm"], "linger", "{}: {l}", s.name);
+                }
+            }
+        }
+    }
+}
+
+/// The Perfetto timeline of a recorded kill: the release slice spans death to memory back.
+#[test]
+fn perfetto_export_of_an_h200_kill_is_a_valid_timeline() {
+    let (dir, all) = &suite()[0];
+    let trace = dir.join("early-kill-16g.trace");
+    let out = Command::new(linger())
+        .args(["export", "--format", "perfetto"])
+        .arg(&trace)
+        .output()
+        .expect("run linger export");
+    assert!(out.status.success());
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let events = doc["traceEvents"].as_array().expect("traceEvents");
+    let s = all
+        .iter()
+        .find(|s| s.name == "early-kill-16g")
+        .expect("scenario");
+    let inc = s.last(ns(s.victim(), "/pid"));
+    let release = events
+        .iter()
+        .find(|e| e["name"] == "releasing GPU memory")
+        .expect("release slice");
+    let window_us = (ns(inc, "/gpu/t_memory_back_ns") - ns(inc, "/t_group_dead_ns")) as f64 / 1e3;
+    assert!((release["dur"].as_f64().expect("dur") - window_us).abs() < 1.0);
+    assert_eq!(release["args"]["teardown"], inc["phases"]);
+    assert!(events.iter().any(|e| e["ph"] == "C"), "NVML counters");
+    let pid = &inc["target"]["pid"];
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "RM_ALLOC" && e["pid"] == *pid && e["args"]["size"] == 16u64 << 30));
+}
