@@ -11,6 +11,7 @@ use std::{
 use anyhow::Context;
 use tracer_user::{
     analysis::{Correlator, Incident},
+    escape,
     sink::{folded, perfetto::ChromeTrace},
 };
 
@@ -52,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut out = BufWriter::new(out);
     let mut closed = Vec::new();
-    let reading = format!("reading {}", args.file.display());
+    let reading = format!("reading {}", escape::path(&args.file));
     match args.format {
         Format::Perfetto | Format::Chrome => {
             let mut trace = ChromeTrace::new(&mut out)?;
