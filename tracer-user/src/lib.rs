@@ -9,6 +9,7 @@ pub mod clock;
 pub mod error;
 pub mod escape;
 pub mod event;
+pub mod output;
 pub mod probe;
 pub mod sink;
 pub mod source;

@@ -12,10 +12,15 @@ use anyhow::Context;
 use tracer_user::{
     analysis::{Correlator, Incident},
     escape,
+    output::{Existing, OutputFile},
     sink::{folded, perfetto::ChromeTrace},
+    source::replay::Replay,
 };
 
-use super::replay::{self, Filters};
+use super::{
+    progress::Progress,
+    replay::{self, Filters},
+};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Format {
@@ -35,28 +40,53 @@ pub struct Args {
     file: PathBuf,
     #[arg(long, value_enum)]
     format: Format,
-    /// Write here instead of to stdout.
+    /// Write here instead of to stdout (created new with mode 0600; an existing file is
+    /// replaced only with --force).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Replace FILE if it exists: only a regular file of linger's own user, and only once the
+    /// export is complete (a new file is renamed over it).
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     filters: Filters,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (mut replay, progress) = replay::open(&args.file)?;
-    let mut correlator = Correlator::new(args.filters.apply(replay.meta()));
-    let out: Box<dyn Write> = match &args.output {
+    match &args.output {
         Some(path) => {
-            Box::new(File::create(path).with_context(|| format!("creating {}", path.display()))?)
+            let file = OutputFile::create(path, Existing::replace_if(args.force))
+                .with_context(|| format!("creating {}", escape::path(path)))?;
+            let mut out = BufWriter::new(file);
+            export(&args, &mut replay, &progress, &mut out)?;
+            // A file replaced gives way to a complete export only.
+            let mut file = out.into_inner().map_err(|e| e.into_error())?;
+            file.commit()?;
         }
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let mut out = BufWriter::new(out);
+        None => export(
+            &args,
+            &mut replay,
+            &progress,
+            &mut BufWriter::new(std::io::stdout().lock()),
+        )?,
+    }
+    replay::warn_about(&replay, &args.file);
+    Ok(())
+}
+
+fn export(
+    args: &Args,
+    replay: &mut Replay<File>,
+    progress: &Progress,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut correlator = Correlator::new(args.filters.apply(replay.meta()));
     let mut closed = Vec::new();
     let reading = format!("reading {}", escape::path(&args.file));
     match args.format {
         Format::Perfetto | Format::Chrome => {
-            let mut trace = ChromeTrace::new(&mut out)?;
+            let mut trace = ChromeTrace::new(&mut *out)?;
             let mut failure = None;
             let draw = |trace: &mut ChromeTrace<_>, incidents: &mut Vec<Incident>| {
                 incidents
@@ -104,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             correlator.finish(&mut incidents);
             let lines = folded::lines(&incidents);
             if matches!(args.format, Format::Svg) {
-                folded::svg(&lines, &mut out)?;
+                folded::svg(&lines, &mut *out)?;
             } else {
                 for line in &lines {
                     writeln!(out, "{line}")?;
@@ -113,6 +143,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
-    replay::warn_about(&replay, &args.file);
     Ok(())
 }
