@@ -24,7 +24,7 @@ pub enum StateDirError {
     Symlink { path: String },
     #[error("state directory {path} is not a directory")]
     NotDirectory { path: String },
-    #[error("{path} belongs to uid {owner}: {role} must belong to root (or to uid {caller}, which linger runs as)")]
+    #[error("{path} belongs to uid {owner}: {role} must belong to root{}", or_caller(*.caller))]
     Owner {
         path: String,
         role: &'static str,
@@ -40,6 +40,14 @@ pub enum StateDirError {
         by: &'static str,
         mode: u32,
     },
+}
+
+/// The user linger runs as is accepted too: a service user's agent keeps its own state.
+fn or_caller(caller: u32) -> String {
+    match caller {
+        0 => String::new(),
+        uid => format!(" or to uid {uid}, which linger runs as"),
+    }
 }
 
 const ROLE_DIR: &str = "a state directory";
