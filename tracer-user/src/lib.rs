@@ -10,6 +10,7 @@ pub mod error;
 pub mod escape;
 pub mod event;
 pub mod output;
+pub mod privileges;
 pub mod probe;
 pub mod sink;
 pub mod source;

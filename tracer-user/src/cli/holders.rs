@@ -8,6 +8,7 @@ use tracer_user::{
     error::Error,
     escape,
     event::{Event, NvmlGpu},
+    privileges,
     probe::devices::GpuDevices,
     sink::json,
     source::{nvml, procfs},
@@ -59,11 +60,8 @@ struct Report {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(
-            Error::Permission("reading every process's descriptors needs root".into()).into(),
-        );
-    }
+    privileges::require("reading every process's descriptors", privileges::PROC)
+        .map_err(Error::from)?;
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut holders = Holders::default();
     for data in procfs::snapshot(&devices, false) {
