@@ -206,3 +206,19 @@ fn hostile_names_reach_no_output_raw() {
         .unwrap_or_else(|| panic!("no track for {pid}"));
     assert_eq!(track["args"]["name"], SHOWN);
 }
+
+/// File names in shared directories are other users' choice too: messages show them escaped.
+#[test]
+fn hostile_file_names_in_messages_are_escaped() {
+    let dir = std::env::temp_dir().join(format!("linger-hostile-name-{}", std::process::id()));
+    let name = OsStr::from_bytes(b"\x1b]0;pwn\x07\xff.lgr");
+    let out = linger()
+        .arg("replay")
+        .arg(dir.join(name))
+        .output()
+        .expect("running linger replay");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_inert("replay's error", &out.stderr, false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(r"\x1b]0;pwn\x07\xff.lgr"), "{stderr}");
+}
