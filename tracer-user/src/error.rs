@@ -6,8 +6,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("linger needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN): {0}")]
-    Permission(String),
+    #[error(transparent)]
+    Permission(#[from] crate::privileges::Missing),
     #[error("reading kernel BTF: {0}")]
     Btf(String),
     #[error("{0}")]

@@ -123,6 +123,8 @@ fn record(config: &Config, path: &Path, extra: Option<&str>) -> Result<Value> {
         (64u32 << 20).to_string(),
         "--duration".into(),
         "300s".into(),
+        // The file of an earlier run is the benchmark's own.
+        "--force".into(),
     ];
     args.extend(extra.map(str::to_string));
     let command = format!("{} {}", config.tracer.linger.display(), args.join(" "));

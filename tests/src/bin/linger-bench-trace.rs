@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 use tracer_common as c;
 use tracer_user::{
     event::{Event, EventData},
+    output::Existing,
     source::replay::Replay,
     trace::{writer, TraceMeta, TraceReader, WriterOptions},
 };
@@ -158,7 +159,8 @@ impl Round {
             ..Default::default()
         };
         let start = Instant::now();
-        let mut w = writer::create(path, &TraceMeta::default(), options)?;
+        // Each round rewrites the same file.
+        let mut w = writer::create(path, Existing::Replace, &TraceMeta::default(), options)?;
         for (i, r) in records.iter().enumerate() {
             w.kernel(r);
             if i % TICK_EVERY == TICK_EVERY - 1 {

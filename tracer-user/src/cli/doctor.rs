@@ -1,6 +1,6 @@
 //! `linger doctor`.
 
-use tracer_user::{error::Error, probe::doctor, sink::json};
+use tracer_user::{error::Error, privileges, probe::doctor, sink::json};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -10,11 +10,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(
-            Error::Permission("loading eBPF programs to test them needs root".into()).into(),
-        );
-    }
+    privileges::require("loading eBPF programs to test them", privileges::PROBE)
+        .map_err(Error::from)?;
     let report = doctor::run();
     if args.json {
         json::write_line(&mut std::io::stdout().lock(), &report)?;

@@ -12,10 +12,16 @@ use std::{
 use anyhow::Context;
 use tracer_user::{
     analysis::{Correlator, Incident, Output},
+    escape,
+    output::{Existing, OutputFile},
     sink::{folded, perfetto::ChromeTrace},
+    source::replay::Replay,
 };
 
-use super::replay::{self, Filters};
+use super::{
+    progress::Progress,
+    replay::{self, Filters},
+};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Format {
@@ -35,23 +41,48 @@ pub struct Args {
     file: PathBuf,
     #[arg(long, value_enum)]
     format: Format,
-    /// Write here instead of to stdout.
+    /// Write here instead of to stdout (created new with mode 0600; an existing file is
+    /// replaced only with --force).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Replace FILE if it exists: only a regular file of linger's own user, and only once the
+    /// export is complete (a new file is renamed over it).
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     filters: Filters,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (mut replay, progress) = replay::open(&args.file)?;
-    let mut correlator = Correlator::new(args.filters.apply(replay.meta()));
-    let out: Box<dyn Write> = match &args.output {
+    match &args.output {
         Some(path) => {
-            Box::new(File::create(path).with_context(|| format!("creating {}", path.display()))?)
+            let file = OutputFile::create(path, Existing::replace_if(args.force))
+                .with_context(|| format!("creating {}", escape::path(path)))?;
+            let mut out = BufWriter::new(file);
+            export(&args, &mut replay, &progress, &mut out)?;
+            // A file replaced gives way to a complete export only.
+            let mut file = out.into_inner().map_err(|e| e.into_error())?;
+            file.commit()?;
         }
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let mut out = BufWriter::new(out);
+        None => export(
+            &args,
+            &mut replay,
+            &progress,
+            &mut BufWriter::new(std::io::stdout().lock()),
+        )?,
+    }
+    replay::warn_about(&replay, &args.file);
+    Ok(())
+}
+
+fn export(
+    args: &Args,
+    replay: &mut Replay<File>,
+    progress: &Progress,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut correlator = Correlator::new(args.filters.apply(replay.meta()));
     let mut outputs = Vec::new();
     // Each incident as last reported (updates replace the first record).
     let mut incidents: BTreeMap<u64, Incident> = BTreeMap::new();
@@ -62,10 +93,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
-    let reading = format!("reading {}", args.file.display());
+    let reading = format!("reading {}", escape::path(&args.file));
     match args.format {
         Format::Perfetto | Format::Chrome => {
-            let mut trace = ChromeTrace::new(&mut out)?;
+            let mut trace = ChromeTrace::new(&mut *out)?;
             let mut failure = None;
             let read = replay.run(
                 |e| {
@@ -110,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let incidents: Vec<Incident> = incidents.into_values().collect();
             let lines = folded::lines(&incidents);
             if matches!(args.format, Format::Svg) {
-                folded::svg(&lines, &mut out)?;
+                folded::svg(&lines, &mut *out)?;
             } else {
                 for line in &lines {
                     writeln!(out, "{line}")?;
@@ -119,6 +150,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
-    replay::warn_about(&replay, &args.file);
     Ok(())
 }

@@ -6,7 +6,9 @@ use serde::Serialize;
 use tracer_user::{
     analysis::holders::Holders,
     error::Error,
+    escape,
     event::{Event, NvmlGpu},
+    privileges,
     probe::devices::GpuDevices,
     sink::json,
     source::{nvml, procfs},
@@ -58,11 +60,8 @@ struct Report {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(
-            Error::Permission("reading every process's descriptors needs root".into()).into(),
-        );
-    }
+    privileges::require("reading every process's descriptors", privileges::PROC)
+        .map_err(Error::from)?;
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut holders = Holders::default();
     for data in procfs::snapshot(&devices, false) {
@@ -150,14 +149,19 @@ fn render(r: &Report) -> String {
         );
         s.push_str(&format!(
             "{:>8} {:>8} {:<16} {:>10}  {:<24} {}\n",
-            row.pid, row.ppid, row.comm, nvml, files, row.cmdline
+            row.pid,
+            row.ppid,
+            escape::terminal(&row.comm),
+            nvml,
+            files,
+            escape::terminal(&row.cmdline)
         ));
     }
     if r.holders.is_empty() {
         s.push_str("no process holds a GPU file\n");
     }
     if let Some(note) = &r.nvml {
-        s.push_str(&format!("{note}\n"));
+        s.push_str(&format!("{}\n", escape::terminal(note)));
     }
     let shared: Vec<&Row> = r
         .holders
@@ -181,7 +185,7 @@ fn render(r: &Report) -> String {
             .iter()
             // Another linger holds nvidiactl for its own NVML reads, never GPU memory.
             .filter(|h| h.nvml_bytes.is_none() && h.comm != "linger")
-            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .map(|h| format!("{}[{}]", escape::terminal(&h.comm), h.pid))
             .collect();
         let what = if u.state == "dead" {
             "a dead process"
@@ -205,4 +209,50 @@ fn render(r: &Report) -> String {
 
 fn mib(b: u64) -> String {
     format!("{} MiB", b >> 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_escapes_names_and_command_lines() {
+        let row = |pid, comm: &str, cmdline: &str| Row {
+            pid,
+            comm: comm.into(),
+            ppid: 1,
+            cmdline: cmdline.into(),
+            cgroup: "/\x1b[2J".into(),
+            ns_pid: None,
+            fds: vec!["3:195:0".into()],
+            file_groups: vec![1],
+            nvml_bytes: None,
+        };
+        let report = Report {
+            record_type: "holders",
+            holders: vec![
+                row(7, "\x1b]0;pwn\x07\\xff", "python3 -c \u{9b}2J\nforged line"),
+                row(8, "ok", "ok"),
+            ],
+            nvml: Some("NVML says \x1b[31mred".into()),
+            nvml_unresolved: vec![Unresolved {
+                pid: 9,
+                gpu: 0,
+                bytes: Some(1 << 30),
+                state: "dead",
+            }],
+        };
+        let text = render(&report);
+        assert!(!text.contains(['\x1b', '\x07', '\u{9b}']), "{text:?}");
+        assert!(
+            text.contains("python3 -c \\u{9b}2J\\x0aforged line\n"),
+            "{text}"
+        );
+        assert!(text.contains("NVML says \\x1b[31mred\n"), "{text}");
+        assert!(
+            text.contains("among: \\x1b]0;pwn\\x07\\xff[7], ok[8]"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 6, "no line forged: {text}");
+    }
 }

@@ -8,6 +8,7 @@ use tracer_user::{
     analysis::{signals, CorrelatorConfig},
     clock::{boottime_ns, WallAnchor},
     event::{DriverHooks, Event, EventData},
+    privileges,
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
     source::{
         collect::{self, Tap},
@@ -128,6 +129,8 @@ pub fn trace(
         ..Default::default()
     };
     let mut recorder = record::start(args, &anchor, &config)?;
+    // Attached, and the trace file open: from here on only what the collector uses.
+    privileges::drop_after_attach(args.sample_hz > 0)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

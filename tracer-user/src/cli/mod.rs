@@ -15,7 +15,7 @@ mod target;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tracer_user::error::Error;
+use tracer_user::{error::Error, escape};
 
 #[derive(Parser)]
 #[command(
@@ -69,7 +69,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("linger: {e:#}");
+            // Errors quote paths and trace contents, which others may have chosen.
+            eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
             if is_permission(&e) {
                 ExitCode::from(2)
             } else {

@@ -1,11 +1,13 @@
 //! `linger record`, and the recording half of `linger live --record`.
 
-use std::{fs::File, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use tracer_user::{
     analysis::CorrelatorConfig,
     clock::{boottime_ns, WallAnchor},
+    escape,
+    output::{Existing, OutputFile},
     probe::load::DEFAULT_FATAL_SIGNALS,
     trace::{
         meta::AnalysisDefaults, snapshot, writer, EndSummary, TraceMeta, TraceWriter, WriterOptions,
@@ -26,11 +28,16 @@ pub struct Options {
     /// Store trace chunks uncompressed: larger files, faster replay.
     #[arg(long)]
     pub uncompressed: bool,
+    /// Replace the trace file if it exists: only a regular file of linger's own user, and
+    /// never through a symbolic link (a new file takes its name).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace file to write (created with mode 0600: it holds command lines).
+    /// The trace file to write (created new with mode 0600: it holds command lines; an
+    /// existing one is replaced only with --force).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: PathBuf,
     #[command(flatten)]
@@ -55,7 +62,7 @@ pub fn start(
     args: &live::Args,
     anchor: &WallAnchor,
     config: &CorrelatorConfig,
-) -> anyhow::Result<Option<TraceWriter<File>>> {
+) -> anyhow::Result<Option<TraceWriter<OutputFile>>> {
     let Some(path) = &args.recording.path else {
         return Ok(None);
     };
@@ -74,15 +81,16 @@ pub fn start(
         zstd_level: (!args.recording.uncompressed).then_some(1),
         ..Default::default()
     };
-    let mut w = writer::create(path, &meta, options)
-        .with_context(|| format!("creating the trace file {}", path.display()))?;
+    let existing = Existing::replace_if(args.recording.force);
+    let mut w = writer::create(path, existing, &meta, options)
+        .with_context(|| format!("creating the trace file {}", escape::path(path)))?;
     w.processes(&snapshot::processes(args.recording.redact_cmdline));
     Ok(Some(w))
 }
 
 /// Writes the closing record and says what was written.
 pub fn finish(
-    recorder: Option<TraceWriter<File>>,
+    recorder: Option<TraceWriter<OutputFile>>,
     args: &live::Args,
     kernel_drops: u64,
 ) -> anyhow::Result<()> {
@@ -96,14 +104,14 @@ pub fn finish(
     };
     let (_, stats) = w
         .finish(&summary)
-        .with_context(|| format!("writing the trace file {}", path.display()))?;
+        .with_context(|| format!("writing the trace file {}", escape::path(path)))?;
     eprintln!(
         "linger: wrote {} records in {} chunks, {} bytes ({:.1} bytes/record), to {}",
         stats.records,
         stats.chunks,
         stats.file_bytes,
         stats.file_bytes as f64 / stats.records.max(1) as f64,
-        path.display()
+        escape::path(path)
     );
     Ok(())
 }

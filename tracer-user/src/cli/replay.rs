@@ -4,7 +4,7 @@
 use std::{fs::File, path::Path, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use tracer_user::{analysis::CorrelatorConfig, source::replay::Replay, trace::TraceMeta};
+use tracer_user::{analysis::CorrelatorConfig, escape, source::replay::Replay, trace::TraceMeta};
 
 use super::{
     duration,
@@ -69,7 +69,7 @@ impl Filters {
 
 /// Opens a trace for reading; a file that is not a usable trace is an error (exit code 1).
 pub fn open(path: &Path) -> anyhow::Result<(Replay<File>, Progress)> {
-    let replay = Replay::open(path).with_context(|| format!("{}", path.display()))?;
+    let replay = Replay::open(path).with_context(|| escape::path(path))?;
     let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     Ok((replay, Progress::new(len, "reading")))
 }
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut report = Report::new(&mut out, output, meta.anchor(), config);
     let read = replay.run(|e| report.on_event(e), |at| progress.set(at));
     progress.finish();
-    read.with_context(|| format!("reading {}", args.file.display()))?;
+    read.with_context(|| format!("reading {}", escape::path(&args.file)))?;
     report.finish()?;
     warn_about(&replay, &args.file);
     Ok(())
@@ -96,20 +96,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Says on stderr what could not be replayed.
 pub fn warn_about(replay: &Replay<File>, path: &Path) {
+    let path = escape::path(path);
     let read = replay.read_stats();
     for d in &read.damage {
         eprintln!(
             "linger: {}: skipped {} bytes at offset {}: {}",
-            path.display(),
+            path,
             d.bytes,
             d.offset,
-            d.reason
+            escape::terminal(&d.reason)
         );
     }
     if read.chunks_lost > 0 {
         eprintln!(
             "linger: {}: {} chunk(s) missing between good ones; incidents around them may be incomplete",
-            path.display(),
+            path,
             read.chunks_lost
         );
     }
@@ -133,9 +134,6 @@ pub fn warn_about(replay: &Replay<File>, path: &Path) {
         );
     }
     if replay.read_to_end() && replay.end().is_none() && read.damage.is_empty() {
-        eprintln!(
-            "linger: {}: no end record: the recorder did not close the file (killed?)",
-            path.display()
-        );
+        eprintln!("linger: {path}: no end record: the recorder did not close the file (killed?)");
     }
 }

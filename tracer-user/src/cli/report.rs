@@ -7,6 +7,7 @@ use serde_json::json;
 use tracer_user::{
     analysis::{Correlator, CorrelatorConfig, Output as Record},
     clock::WallAnchor,
+    escape,
     event::{Event, EventData, LossKind},
     sink::{json, text},
 };
@@ -105,8 +106,11 @@ impl<'a, W: Write> Report<'a, W> {
             let written = if self.output.json {
                 json::write_line(self.out, &record)
             } else {
+                // The last guard before the terminal: names are escaped where they are laid
+                // out, and nothing a field let through is obeyed here either.
+                let text = text::render(&record, &self.anchor);
                 self.out
-                    .write_all(text::render(&record, &self.anchor).as_bytes())
+                    .write_all(escape::terminal_lines(&text).as_bytes())
                     .and_then(|()| self.out.flush())
             };
             if let Err(e) = written {

@@ -1,7 +1,9 @@
 //! `linger __target`: a multi-threaded process that waits to be signalled.
 
 use std::{
+    ffi::{CString, OsString},
     io::Write,
+    os::unix::ffi::OsStrExt,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -27,9 +29,17 @@ pub struct Args {
     threads: u32,
     #[arg(long, value_enum, default_value_t = OnTerm::Default)]
     on_term: OnTerm,
+    /// Rename the process (prctl PR_SET_NAME, any bytes but NUL, cut to 15), as a hostile
+    /// user's process can: tests show that such names reach no output raw.
+    #[arg(long)]
+    name: Option<OsString>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(name) = &args.name {
+        // Before the other threads start, so that they inherit it.
+        nix::sys::prctl::set_name(&CString::new(name.as_bytes())?)?;
+    }
     let term = Arc::new(AtomicBool::new(false));
     if !matches!(args.on_term, OnTerm::Default) {
         signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&term))?;

@@ -13,7 +13,10 @@ use aya::{
 use serde::Serialize;
 
 use super::{strategy, tracefs, EBPF_OBJECT};
-use crate::event::{DriverHooks, Strategy};
+use crate::{
+    escape,
+    event::{DriverHooks, Strategy},
+};
 
 #[derive(Debug, Serialize)]
 pub struct Check {
@@ -243,20 +246,61 @@ fn nvml_check() -> Check {
     }
 }
 
-/// Plain-text form of the report.
+/// Plain-text form of the report. Details quote the kernel, the driver and NVML, and a
+/// replayed strategy comes from a file: all shown escaped.
 pub fn render(report: &Report) -> String {
-    let mut s = format!("{:<16}{}\n", "kernel", report.kernel);
+    let mut s = format!("{:<16}{}\n", "kernel", escape::terminal(&report.kernel));
     for c in report.hooks.iter().chain(&report.gpu) {
         s.push_str(&format!(
             "{:<16}{:<5}{}\n",
             c.name,
             if c.ok { "yes" } else { "no" },
-            c.detail
+            escape::terminal(&c.detail)
         ));
     }
-    s.push_str(&format!("{:<16}{}\n", "strategy", report.strategy));
+    s.push_str(&format!(
+        "{:<16}{}\n",
+        "strategy",
+        escape::terminal(&report.strategy)
+    ));
     for reason in &report.driver_hooks.reasons {
-        s.push_str(&format!("{:<16}- {reason}\n", ""));
+        s.push_str(&format!("{:<16}- {}\n", "", escape::terminal(reason)));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_escapes_what_it_quotes() {
+        let report = Report {
+            record_type: "doctor",
+            kernel: "6.1\x1b[2J".into(),
+            hooks: vec![Check {
+                name: "fentry",
+                ok: false,
+                detail: "refused\n\x1b]0;pwn\x07".into(),
+            }],
+            gpu: Vec::new(),
+            strategy: "tracepoints\u{9b}".into(),
+            driver_hooks: Strategy {
+                reasons: vec!["kprobe: \u{202e}no".into()],
+                ..Default::default()
+            },
+        };
+        let text = render(&report);
+        assert!(
+            !text.contains(['\x1b', '\x07', '\u{9b}', '\u{202e}']),
+            "{text:?}"
+        );
+        assert_eq!(
+            text,
+            "kernel          6.1\\x1b[2J\n\
+             fentry          no   refused\\x0a\\x1b]0;pwn\\x07\n\
+             strategy        tracepoints\\u{9b}\n\
+             \x20               - kprobe: \\u{202e}no\n"
+        );
+    }
 }

@@ -12,6 +12,7 @@ use super::{devices::GpuDevices, offsets, sampling::Sampler, strategy, tracefs, 
 use crate::{
     error::{Error, Result},
     event::{DriverHooks, Strategy},
+    privileges,
 };
 
 /// Signals that open an incident by default: the ones that kill a process unless handled,
@@ -87,7 +88,7 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(config: &ProbeConfig) -> Result<Self> {
-        check_root()?;
+        privileges::require("tracing", privileges::TRACE)?;
         tracefs::ensure_mounted()?;
         let vmlinux = offsets::load_vmlinux()?;
         let offsets = offsets::resolve(&vmlinux)?;
@@ -349,16 +350,5 @@ impl Probes {
         if let Some(logger) = &mut self.logger {
             logger.flush();
         }
-    }
-}
-
-fn check_root() -> Result<()> {
-    if nix::unistd::geteuid().is_root() {
-        Ok(())
-    } else {
-        Err(Error::Permission(format!(
-            "running as uid {}; start it with sudo",
-            nix::unistd::geteuid()
-        )))
     }
 }

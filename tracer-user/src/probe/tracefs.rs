@@ -24,7 +24,15 @@ pub fn ensure_mounted() -> Result<()> {
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| Error::Mount(format!("mounting tracefs at {TRACEFS} failed: {e}")))
+    .map_err(|e| {
+        let hint = if e == nix::errno::Errno::EPERM {
+            " (it takes CAP_SYS_ADMIN: mount it once as root, \
+             `mount -t tracefs nodev /sys/kernel/tracing`, or grant CAP_SYS_ADMIN)"
+        } else {
+            ""
+        };
+        Error::Mount(format!("mounting tracefs at {TRACEFS} failed: {e}{hint}"))
+    })
 }
 
 /// Whether tracepoint `category/name` exists (tracefs must be mounted).

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, io::Write};
 
 use super::phases::phases;
-use crate::analysis::Incident;
+use crate::{analysis::Incident, escape};
 
 pub fn lines(incidents: &[Incident]) -> Vec<String> {
     let mut weights: BTreeMap<String, u64> = BTreeMap::new();
@@ -38,9 +38,10 @@ pub fn lines(incidents: &[Incident]) -> Vec<String> {
         .collect()
 }
 
-/// A comm as a frame: `;` separates frames and a newline ends the line.
-fn frame(comm: &str) -> String {
-    comm.replace([';', '\n'], "_")
+/// A comm or kernel symbol as a frame, escaped as in every human output (the SVG's XML
+/// takes no control characters at all), and `;`, which separates frames, as `\x3b`.
+fn frame(name: &str) -> String {
+    escape::terminal(name).replace(';', "\\x3b")
 }
 
 /// An SVG flamegraph of `lines`.
@@ -50,4 +51,30 @@ pub fn svg(lines: &[String], out: impl Write) -> std::io::Result<()> {
     options.count_name = "ns".into();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
         .map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_names_stay_one_escaped_frame() {
+        assert_eq!(frame("a;b\nc \x1b[2J\\xff"), "a\\x3bb\\x0ac \\x1b[2J\\xff");
+    }
+
+    #[test]
+    fn the_svg_of_hostile_frames_is_well_formed_text() {
+        let lines = [format!(
+            "{};SIGKILL;exiting 5",
+            frame("<x>&\"\x1b]0;pwn\x07\u{9b}")
+        )];
+        let mut svg = Vec::new();
+        super::svg(&lines, &mut svg).expect("inferno");
+        let svg = String::from_utf8(svg).expect("UTF-8");
+        assert!(!svg.contains(['\x1b', '\x07', '\u{9b}']), "{svg}");
+        assert!(
+            svg.contains("&lt;x&gt;&amp;&quot;\\x1b]0\\x3bpwn\\x07\\u{9b}"),
+            "{svg}"
+        );
+    }
 }

@@ -1,6 +1,8 @@
 //! Chrome trace event JSON, which the Perfetto UI and chrome://tracing open: a track per
 //! process and thread, incidents and their phases as slices, signals and other events as
-//! instants. Written as it goes, so memory stays bounded by the number of tasks.
+//! instants. Written as it goes, so memory stays bounded by the number of tasks. Names that
+//! label tracks and slices are shown escaped (see [`escape`]); arguments keep the exact
+//! strings, in JSON's own escapes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -10,9 +12,13 @@ use std::{
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::phases::{self, end_ns, phases};
+use super::{
+    json,
+    phases::{self, end_ns, phases},
+};
 use crate::{
     analysis::{signals, Incident},
+    escape,
     event::{Event, EventData},
     trace::snapshot::Process,
 };
@@ -97,7 +103,7 @@ impl<W: Write> ChromeTrace<W> {
         for p in processes {
             self.processes
                 .entry(p.pid)
-                .or_insert_with(|| p.comm.clone());
+                .or_insert_with(|| escape::terminal(&p.comm).into_owned());
         }
     }
 
@@ -137,7 +143,8 @@ impl<W: Write> ChromeTrace<W> {
                 self.instant("fork", pid, tid, e.ts_ns, json!({"child_pid": child_pid}))
             }
             EventData::Exec { comm, .. } => {
-                self.processes.insert(pid, comm.clone());
+                self.processes
+                    .insert(pid, escape::terminal(comm).into_owned());
                 self.instant("exec", pid, tid, e.ts_ns, json!({"comm": comm}))
             }
             EventData::TaskExit {
@@ -234,7 +241,12 @@ impl<W: Write> ChromeTrace<W> {
         let pid = inc.target.pid;
         let title = match &inc.sender {
             Some(s) if s.pid == 0 => format!("{} from the kernel", inc.signal_name),
-            Some(s) => format!("{} from {}[{}]", inc.signal_name, s.comm, s.pid),
+            Some(s) => format!(
+                "{} from {}[{}]",
+                inc.signal_name,
+                escape::terminal(&s.comm),
+                s.pid
+            ),
             None => format!("{} ({})", inc.signal_name, inc.termination.mode.label()),
         };
         let end = end_ns(inc);
@@ -290,11 +302,12 @@ impl<W: Write> ChromeTrace<W> {
         if pid == 0 || comm.is_empty() {
             return;
         }
+        let comm = escape::terminal(comm);
         self.processes
             .entry(pid)
             .or_insert_with(|| comm.to_string());
         if let Some(tid) = tid {
-            self.threads.insert((pid, tid), comm.to_string());
+            self.threads.insert((pid, tid), comm.into_owned());
         }
     }
 
@@ -353,8 +366,7 @@ impl<W: Write> ChromeTrace<W> {
             self.out.write_all(b",\n")?;
         }
         self.first = false;
-        serde_json::to_writer(&mut self.out, event)?;
-        Ok(())
+        json::to_writer(&mut self.out, event)
     }
 }
 
@@ -385,6 +397,46 @@ mod tests {
                 }],
             },
         }
+    }
+
+    #[test]
+    fn hostile_names_label_tracks_escaped_and_stay_exact_in_arguments() {
+        let hostile = "\x1b]0;pwn\x07\\xff\u{9b}";
+        let mut t = ChromeTrace::new(Vec::new()).expect("in memory");
+        let exec = Event {
+            ts_ns: 1_000,
+            cpu: 0,
+            pid: 42,
+            tid: 43,
+            data: EventData::Exec {
+                comm: hostile.into(),
+            },
+        };
+        t.on_event(&exec).expect("in memory");
+        let exit = Event {
+            data: EventData::TaskExit {
+                exit_code: 9,
+                group_dead: true,
+                comm: hostile.into(),
+            },
+            ..exec
+        };
+        t.on_event(&exit).expect("in memory");
+        let out = t.finish().expect("in memory");
+        let text = String::from_utf8(out).expect("UTF-8");
+        assert!(!text.contains(['\x1b', '\x07', '\u{9b}']), "{text}");
+        let doc: Value = serde_json::from_str(&text).expect("JSON");
+        let events = doc["traceEvents"].as_array().expect("events");
+        let shown = "\\x1b]0;pwn\\x07\\xff\\u{9b}";
+        for kind in ["process_name", "thread_name"] {
+            let track = events
+                .iter()
+                .find(|e| e["name"] == kind)
+                .unwrap_or_else(|| panic!("no {kind}: {text}"));
+            assert_eq!(track["args"]["name"], shown, "{kind}");
+        }
+        let exec = events.iter().find(|e| e["name"] == "exec").expect("exec");
+        assert_eq!(exec["args"]["comm"], hostile);
     }
 
     #[test]

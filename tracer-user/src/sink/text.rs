@@ -17,6 +17,12 @@ use crate::{
 
 const INDENT: &str = "              ";
 
+/// Untrusted text (names any process can choose, and sentences built from them) for a line of
+/// the report.
+fn e(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::escape::terminal(s)
+}
+
 pub fn render(out: &Output, anchor: &WallAnchor) -> String {
     match out {
         Output::Incident(inc) if inc.record_type == "incident_update" => render_update(inc, anchor),
@@ -36,7 +42,7 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             "{} -> ",
             format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
         ),
-        Some(snd) => format!("{}[{}] -> ", snd.comm, snd.pid),
+        Some(snd) => format!("{}[{}] -> ", e(&snd.comm), snd.pid),
         None => String::new(),
     };
     let headline = match inc.termination.mode {
@@ -48,13 +54,13 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
         "{}  {:<8} {from}{}[{}] ({threads}) · {}",
         anchor.format_local(inc.t_signal_ns),
         headline,
-        inc.target.comm,
+        e(&inc.target.comm),
         inc.target.pid,
         inc.termination.mode.label(),
     );
     let t = &inc.termination;
     if t.signals.len() > 1 || matches!(t.mode, Mode::Escalated | Mode::Term | Mode::Oom) {
-        let _ = writeln!(s, "{INDENT}termination: {}", termination::describe(t));
+        let _ = writeln!(s, "{INDENT}termination: {}", e(&termination::describe(t)));
     }
     let _ = writeln!(s, "{INDENT}{}", steps(inc).join(" · "));
     if let Some(gpu) = &inc.gpu {
@@ -92,12 +98,12 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             .ok()
             .and_then(|k| k.as_str().map(String::from))
             .unwrap_or_default();
-        let _ = writeln!(s, "{INDENT}verdict: {kind} — {}", v.hint);
+        let _ = writeln!(s, "{INDENT}verdict: {kind} — {}", e(&v.hint));
         // Holders and importers are listed above already.
         let listed = matches!(v.kind, VerdictKind::SharedFd | VerdictKind::Imported);
         if !listed && v.kind != VerdictKind::Released && v.kind != VerdictKind::SlowTeardown {
-            for e in &v.evidence {
-                let _ = writeln!(s, "{INDENT}  {e}");
+            for line in &v.evidence {
+                let _ = writeln!(s, "{INDENT}  {}", e(line));
             }
         }
     }
@@ -165,7 +171,7 @@ fn steps(inc: &Incident) -> Vec<String> {
         (Some(t), Some(r)) if r.how == ReapHow::Wait => steps.push(format!(
             "reaped +{} by {}[{}]",
             ms(inc.ms_after_signal(t)),
-            r.comm.as_deref().unwrap_or("?"),
+            e(r.comm.as_deref().unwrap_or("?")),
             r.pid.unwrap_or(0)
         )),
         (Some(t), _) => steps.push(format!("freed by +{}", ms(inc.ms_after_signal(t)))),
@@ -230,7 +236,7 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             s,
             "{INDENT}GPU  {} GPU file descriptor(s): {}",
             gpu.files.len(),
-            gpu.evidence[0]
+            e(&gpu.evidence[0])
         );
     } else {
         let _ = writeln!(
@@ -306,7 +312,7 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
                 let _ = writeln!(
                     s,
                     "{INDENT}importer {}[{}] holds {} of its memory ({via}){released}",
-                    h.comm,
+                    e(&h.comm),
                     h.pid,
                     gib(bytes)
                 );
@@ -325,7 +331,7 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
         let _ = writeln!(
             s,
             "{INDENT}holder {}[{}] ({how}; {parent}) holds fds {}{released}",
-            h.comm,
+            e(&h.comm),
             h.pid,
             fd_ranges(&h.fds)
         );
@@ -345,7 +351,9 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
     }));
     let who = format!(
         "{}[{}] (incident {})",
-        inc.target.comm, inc.target.pid, inc.id
+        e(&inc.target.comm),
+        inc.target.pid,
+        inc.id
     );
     let after = if inc.signal == 0 {
         "the exit"
@@ -357,13 +365,13 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
         .changes
         .iter()
         .filter(|c| c.as_str() != "memory back" && (back.is_none() || !c.starts_with("let go")))
-        .cloned()
+        .map(|c| e(c).into_owned())
         .collect();
     if let Some(b) = back {
         let holders: Vec<String> = inc
             .holders
             .iter()
-            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .map(|h| format!("{}[{}]", e(&h.comm), h.pid))
             .collect();
         let once = if holders.is_empty() {
             String::new()
@@ -379,7 +387,7 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
             .holders
             .iter()
             .filter(|h| h.t_released_ns.is_none())
-            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .map(|h| format!("{}[{}]", e(&h.comm), h.pid))
             .collect();
         let by = if still.is_empty() {
             String::new()
@@ -411,7 +419,7 @@ fn render_notice(n: &SignalNotice, anchor: &WallAnchor) -> String {
     let sender = if s.sender.pid == 0 {
         "kernel".to_string()
     } else {
-        format!("{}[{}]", s.sender.comm, s.sender.pid)
+        format!("{}[{}]", e(&s.sender.comm), s.sender.pid)
     };
     let how = match (s.discarded, s.action) {
         (true, _) => "ignored: discarded by the kernel",
@@ -426,7 +434,7 @@ fn render_notice(n: &SignalNotice, anchor: &WallAnchor) -> String {
          incident {}\n",
         anchor.format_local(s.t_ns),
         s.name,
-        n.target.comm,
+        e(&n.target.comm),
         n.target.pid,
         ms(n.survived_ns as f64 / 1e6),
         n.incident

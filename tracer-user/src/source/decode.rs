@@ -9,7 +9,10 @@ use tracer_common::{
     FORK_FILES_SHARED,
 };
 
-use crate::event::{Event, EventData, HookKind};
+use crate::{
+    escape,
+    event::{Event, EventData, HookKind},
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -203,11 +206,12 @@ fn driver_call(buf: &mut &[u8]) -> Result<EventData, DecodeError> {
     })
 }
 
-/// A kernel comm: up to 16 bytes, NUL-terminated when shorter.
+/// A kernel comm: up to 16 bytes, NUL-terminated when shorter; any process sets its own, so
+/// bytes that are not UTF-8 are kept as `\xNN`.
 fn comm(buf: &mut &[u8]) -> String {
     let raw = &buf[..COMM_LEN];
     let end = raw.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
-    let s = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let s = escape::bytes(&raw[..end]).into_owned();
     buf.advance(COMM_LEN);
     s
 }
@@ -243,6 +247,19 @@ mod tests {
                 comm: "python3".into()
             }
         );
+    }
+
+    #[test]
+    fn a_comm_that_is_not_utf8_keeps_its_bytes_as_escapes() {
+        let mut v = header(Kind::TaskExit, 24);
+        v.extend_from_slice(&9u32.to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(b"\x1b]0;pwn\x07\x1b[2J\xff\xc2\x9b\0");
+        let e = decode(&v).expect("valid record");
+        let EventData::TaskExit { comm, .. } = e.data else {
+            panic!("not an exit: {e:?}");
+        };
+        assert_eq!(comm, "\x1b]0;pwn\x07\x1b[2J\\xff\u{9b}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use std::fs;
 
+use crate::escape;
+
 pub struct Kallsyms {
     /// (address, "name" or "name[module]"), sorted by address.
     symbols: Vec<(u64, String)>,
@@ -11,8 +13,9 @@ impl Kallsyms {
     /// Reads /proc/kallsyms; as root the addresses are real (otherwise all zero, and every
     /// frame stays an address).
     pub fn load() -> Self {
-        let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-        Self::parse(&text)
+        // A module's symbol names are its author's choice: no UTF-8 guarantee.
+        let raw = fs::read("/proc/kallsyms").unwrap_or_default();
+        Self::parse(&escape::bytes(&raw))
     }
 
     pub fn parse(text: &str) -> Self {

@@ -12,14 +12,18 @@ use tracer_common::driver::mkdev;
 
 use super::kcmp;
 use crate::{
+    escape,
     event::{EventData, ProcInfo},
     probe::devices::GpuDevices,
 };
 
 /// comm, ppid, cmdline, cgroup, namespace pid and start time of `pid`, if it is still there.
+/// The process chose its comm and arguments: bytes that are not UTF-8 are kept as `\xNN`
+/// rather than failing the read (which would hide the process).
 pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
     let dir = Path::new("/proc").join(pid.to_string());
-    let stat = fs::read_to_string(dir.join("stat")).ok()?;
+    let read = |name: &str| fs::read(dir.join(name)).map(|b| escape::bytes(&b).into_owned());
+    let stat = read("stat").ok()?;
     // comm is in parentheses and may contain spaces or parentheses: split at the last ')'.
     let (head, tail) = stat.rsplit_once(')')?;
     let comm = head.split_once('(')?.1.to_string();
@@ -30,20 +34,20 @@ pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
     let mut args = cmdline
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned());
+        .map(|a| escape::bytes(a).into_owned());
     let cmdline = if redact_cmdline {
         args.next().unwrap_or_default()
     } else {
         args.collect::<Vec<_>>().join(" ")
     };
-    let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
+    let status = read("status").unwrap_or_default();
     let ns_pid = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|p| p.parse().ok())
         .filter(|&p| p != pid);
-    let cgroup = fs::read_to_string(dir.join("cgroup"))
+    let cgroup = read("cgroup")
         .unwrap_or_default()
         .lines()
         .next()
@@ -176,4 +180,33 @@ fn group_by_open_file(found: &[Found]) -> Vec<u64> {
             next
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use super::*;
+
+    #[test]
+    fn a_comm_with_escapes_and_invalid_utf8_is_read_and_kept_as_escapes() {
+        let name = CString::new(&b"\x1b]0;pwn\x07\xff(x) y"[..]).expect("no NUL");
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            nix::sys::prctl::set_name(&name).expect("prctl(PR_SET_NAME)");
+            tid_tx
+                .send(nix::unistd::gettid().as_raw() as u32)
+                .expect("send");
+            let _ = done_rx.recv();
+        });
+        let tid = tid_rx.recv().expect("the thread's id");
+        // /proc/TID is there for every thread, though only processes are listed.
+        let info = proc_info(tid, false);
+        done_tx.send(()).expect("send");
+        thread.join().expect("the renamed thread");
+        let info = info.expect("the thread's /proc entry");
+        assert_eq!(info.comm, "\x1b]0;pwn\x07\\xff(x) y");
+        assert_eq!(info.ppid, nix::unistd::getppid().as_raw() as u32);
+    }
 }

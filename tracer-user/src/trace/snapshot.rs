@@ -5,6 +5,8 @@ use std::fs;
 
 use serde::{Deserialize, Serialize};
 
+use crate::escape;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Process {
     pub pid: u32,
@@ -28,13 +30,14 @@ pub fn processes(redact_cmdline: bool) -> Vec<Process> {
 }
 
 fn read(pid: u32, redact_cmdline: bool) -> Option<Process> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (comm, ppid) = parse_stat(&stat)?;
+    // Comm and arguments are the process's choice: bytes that are not UTF-8 stay as `\xNN`.
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let (comm, ppid) = parse_stat(&escape::bytes(&stat))?;
     let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let mut cmdline: Vec<String> = raw
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .map(|a| escape::bytes(a).into_owned())
         .collect();
     if redact_cmdline {
         cmdline.truncate(1);

@@ -2,9 +2,7 @@
 //! so that a killed recorder leaves at most its last chunk incomplete.
 
 use std::{
-    fs::{File, OpenOptions, Permissions},
     io::{self, Write},
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::Path,
 };
 
@@ -19,6 +17,7 @@ use super::{
 };
 use crate::{
     event::{Event, EventData, LossKind},
+    output::{Existing, OutputError, OutputFile},
     source::collect::Tap,
 };
 
@@ -70,21 +69,27 @@ pub struct TraceWriter<W: Write> {
     error: Option<io::Error>,
 }
 
-/// Creates `path` (mode 0600: traces hold command lines) and writes the file header.
+/// Why a trace file could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("writing the file header")]
+    Header(#[source] io::Error),
+}
+
+/// Creates `path` as an [`OutputFile`] (mode 0600: traces hold command lines) and writes the
+/// file header. A replaced file gives way at once: a trace is readable while it grows, and a
+/// killed recorder leaves it under its name.
 pub fn create(
     path: &Path,
+    existing: Existing,
     meta: &TraceMeta,
     options: WriterOptions,
-) -> io::Result<TraceWriter<File>> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    // `mode` applies only to a new file; an existing one keeps its permissions otherwise.
-    file.set_permissions(Permissions::from_mode(0o600))?;
-    TraceWriter::new(file, meta, options)
+) -> Result<TraceWriter<OutputFile>, CreateError> {
+    let mut file = OutputFile::create(path, existing)?;
+    file.commit()?;
+    TraceWriter::new(file, meta, options).map_err(CreateError::Header)
 }
 
 impl<W: Write> TraceWriter<W> {
