@@ -243,7 +243,17 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
     // The parent is dead; its file lives on in the child, and linger says so at once: the
     // incident comes while the child still holds it.
     let (incident, mut events) = live.until_incident(parent);
-    assert!(incident["gpu"]["t_memory_back_ns"].is_null(), "{incident}");
+    let mine: Vec<&Value> = events
+        .iter()
+        .filter(|v| {
+            let e = &v["event"];
+            e["pid"] == parent || e["pid"] == child || e["data"]["child_pid"] == child
+        })
+        .collect();
+    assert!(
+        incident["gpu"]["t_memory_back_ns"].is_null(),
+        "{incident}\n{mine:#?}"
+    );
     assert_eq!(incident["verdict"]["kind"], "shared_fd", "{incident}");
     let holders = incident["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 1, "{incident}");
@@ -252,7 +262,7 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
         holders[0]["ppid"], parent,
         "ppid as recorded while the parent lived"
     );
-    assert_eq!(holders[0]["how"], "fork");
+    assert_eq!(holders[0]["how"], "fork", "{incident}\n{mine:#?}");
     assert_eq!(holders[0]["from"], parent);
     // Its own release of the files was its exit, long before the child's.
     let dead = incident["t_group_dead_ns"].as_u64().expect("group died");

@@ -113,6 +113,8 @@ pub(super) struct Case {
     pub fd_holders: Vec<Holder>,
     /// For a holder of another dead process's files: that process, "comm[pid]".
     pub owner: Option<String>,
+    /// NVML listed it, or the ledger saw it allocate: the memory of its files is its own.
+    owns: bool,
     pub holder_gone: BTreeMap<u32, Option<u64>>,
     reported: Option<Reported>,
     stuck_reported: bool,
@@ -308,6 +310,7 @@ impl Correlator {
             kernel_release: None,
             fd_holders: Vec::new(),
             owner: None,
+            owns: false,
             holder_gone: BTreeMap::new(),
             reported: None,
             stuck_reported: false,
@@ -403,8 +406,14 @@ impl Correlator {
                     .map(|o| format!("{}[{}]", o.inc.target.comm, o.inc.target.pid)),
                 _ => None,
             };
+            let owns = self.ledger.allocators(&files).contains(&pid)
+                || self
+                    .memory
+                    .watch(id)
+                    .is_some_and(|w| w.max_figure.is_some());
             if let Some(c) = self.cases.get_mut(&id) {
                 c.owner = owner;
+                c.owns = owns;
                 c.inc.t_group_dead_ns = Some(t_ns);
                 c.inc.exit = Some(ExitStatus::from_code(exit_code));
                 c.inc.outcome = Outcome::Exited;
@@ -842,6 +851,11 @@ impl Correlator {
         };
         if !c.signals.is_empty() || c.inc.exit.as_ref().is_some_and(|e| e.signal.is_some()) {
             return true;
+        }
+        // An exit that left its files open in live processes released nothing, unless the
+        // memory is known to be its own (a shell's child that inherited them is not news).
+        if !c.fd_holders.is_empty() && !c.owns {
+            return false;
         }
         match self.memory.watch(id) {
             Some(w) => match w.role {

@@ -5,7 +5,7 @@
 //! come from a /proc snapshot, grouped by kcmp, and get the kernel address as soon as a kernel
 //! record names one of them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -86,12 +86,18 @@ pub struct Holders {
     procs: HashMap<u32, Process>,
     /// Descriptors listed by the exit walk, waiting for the group-dead record.
     dying: HashMap<u32, Vec<HeldFile>>,
-    /// A process's descriptors before its last exec, to keep how it got those that survived.
-    before_exec: HashMap<u32, BTreeMap<i32, Fd>>,
+    /// Descriptors an exec is thought to have kept (no close-on-exec known) that its walk has
+    /// not confirmed yet: held meanwhile, dropped when the walk is over without them.
+    exec_pending: HashMap<u32, BTreeSet<i32>>,
+    /// Descriptors an exec is thought to have closed (close-on-exec as last seen), kept until
+    /// the walk is over: a flag cleared with F_SETFD (not traced) shows in the walk, and the
+    /// descriptor keeps how it was got.
+    exec_closed: HashMap<u32, BTreeMap<i32, Fd>>,
 }
 
 impl Holders {
     pub fn on_event(&mut self, e: &Event) {
+        self.end_exec_walk(e);
         match &e.data {
             EventData::Fork {
                 child_pid,
@@ -126,15 +132,23 @@ impl Holders {
                 );
             }
             EventData::Exec { comm } => {
-                // The kernel lists what survived exec right after this record (HeldAtExec);
-                // the close-on-exec flags we know may be stale (F_SETFD is not traced).
+                // The kernel lists what survived exec right after this record (HeldAtExec).
+                // Until it has, the descriptors without a known close-on-exec flag still count
+                // (a parent may die in between); the flags may be stale (F_SETFD is not
+                // traced), which the walk corrects.
                 let p = self.procs.entry(e.pid).or_default();
                 p.comm = comm.clone();
-                let before = std::mem::take(&mut p.fds);
-                if before.is_empty() {
-                    self.before_exec.remove(&e.pid);
-                } else {
-                    self.before_exec.insert(e.pid, before);
+                let (closed, kept): (BTreeMap<i32, Fd>, BTreeMap<i32, Fd>) =
+                    std::mem::take(&mut p.fds)
+                        .into_iter()
+                        .partition(|(_, fd)| fd.cloexec);
+                p.fds = kept;
+                let kept: BTreeSet<i32> = p.fds.keys().copied().collect();
+                if !kept.is_empty() {
+                    self.exec_pending.insert(e.pid, kept);
+                }
+                if !closed.is_empty() {
+                    self.exec_closed.insert(e.pid, closed);
                 }
             }
             EventData::GpuFd {
@@ -157,12 +171,17 @@ impl Holders {
                 };
                 match op {
                     FdOp::Open | FdOp::Dup | FdOp::HeldAtExec => {
-                        let earlier = self.before_exec.get(&e.pid).and_then(|b| b.get(fd));
+                        if *op == FdOp::HeldAtExec {
+                            if let Some(pending) = self.exec_pending.get_mut(&e.pid) {
+                                pending.remove(fd);
+                            }
+                        }
+                        let closed = self.exec_closed.get(&e.pid).and_then(|c| c.get(fd));
                         let p = self.procs.entry(e.pid).or_default();
                         let keep = p
                             .fds
                             .get(fd)
-                            .or(earlier)
+                            .or(closed)
                             .filter(|old| old.file == file)
                             .map(|old| old.how);
                         p.fds.insert(
@@ -236,7 +255,8 @@ impl Holders {
     /// The group of `pid` died: returns what it held (from the exit walk, else from the table)
     /// and forgets the process.
     pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
-        self.before_exec.remove(&pid);
+        self.exec_pending.remove(&pid);
+        self.exec_closed.remove(&pid);
         let proc = self.procs.remove(&pid);
         match self.dying.remove(&pid) {
             Some(walk) => walk,
@@ -253,6 +273,31 @@ impl Holders {
                         .collect()
                 })
                 .unwrap_or_default(),
+        }
+    }
+
+    /// The first record of a process after its exec walk ends the walk: what it did not list
+    /// was closed on exec.
+    fn end_exec_walk(&mut self, e: &Event) {
+        let walking = matches!(
+            e.data,
+            EventData::GpuFd {
+                op: FdOp::HeldAtExec,
+                ..
+            } | EventData::ProcInfo(_)
+                | EventData::Exec { .. }
+        );
+        if walking {
+            return;
+        }
+        self.exec_closed.remove(&e.pid);
+        if !self.exec_pending.contains_key(&e.pid) {
+            return;
+        }
+        if let (Some(pending), Some(p)) =
+            (self.exec_pending.remove(&e.pid), self.procs.get_mut(&e.pid))
+        {
+            p.fds.retain(|fd, _| !pending.contains(fd));
         }
     }
 
@@ -367,5 +412,28 @@ mod tests {
         let holders = h.holders_of(&[file], 10);
         assert_eq!(holders.len(), 1);
         assert_eq!(holders[0].how, How::Fork { from: 10, t_ns: 2 });
+    }
+
+    /// A parent dies between its child's exec and the exec's walk of the child's table: the
+    /// descriptors the exec keeps still count.
+    #[test]
+    fn an_exec_under_way_keeps_its_descriptors_until_the_walk_says_otherwise() {
+        let mut h = Holders::default();
+        let file = 0xffff_0000_0000_2000;
+        h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
+        h.on_event(&ev(
+            10,
+            2,
+            EventData::Fork {
+                child_pid: 11,
+                files_shared: false,
+                comm: "c".into(),
+            },
+        ));
+        h.on_event(&ev(11, 3, EventData::Exec { comm: "c".into() }));
+        assert_eq!(h.holders_of(&[file], 10).len(), 1, "held during the walk");
+        // The walk lists nothing: the descriptor was closed on exec after all.
+        h.on_event(&ev(11, 4, EventData::BenchTick));
+        assert!(h.holders_of(&[file], 10).is_empty());
     }
 }

@@ -154,6 +154,16 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
     if incident["signal"] != 9 || incident["outcome"] != "exited" {
         bail!("unexpected incident: {incident}");
     }
+    // Its own release of its GPU files is the hooks' last __fput, not the zombie bound.
+    let gpu = &incident["gpu"];
+    let (fput_end, zombie) = (
+        gpu["t_files_released_ns"].as_u64(),
+        incident["t_zombie_ns"].as_u64(),
+    );
+    match (gpu["files_released_by"].as_str(), fput_end, zombie) {
+        (Some("fput"), Some(f), Some(z)) if f <= z => {}
+        _ => bail!("{mode}: the holder's own release is not the hooked __fput: {gpu}"),
+    }
     // The analysis times the release from the hooks: exact start and end, UVM's share.
     let release = &incident["release"];
     let (start, end) = (release["start_ns"].as_u64(), release["end_ns"].as_u64());
