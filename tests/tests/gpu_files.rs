@@ -408,3 +408,40 @@ fn holders_command_shows_processes_sharing_an_open_file() {
         "the same open file"
     );
 }
+
+/// `--lean`: no system call tracepoint is attached; holders come from the start-up snapshot
+/// and the exit walk, and a holder's death still names the process that keeps its file.
+#[test]
+fn lean_mode_attaches_no_syscall_hook_and_still_names_the_holder() {
+    let device = stand_in_device("lean");
+    let mut s = Scenario::start(&device, "fork-holder");
+    let (parent, child) = (s.pids[0], s.pids[1]);
+    let live = Live::start(&device, &["--lean"]);
+    s.kill();
+    let (incident, events) = live.until_incident(parent);
+    let strategy = events
+        .iter()
+        .map(|v| &v["event"]["data"])
+        .find(|d| d["kind"] == "strategy")
+        .expect("the strategy record");
+    assert_eq!(strategy["lean"], true);
+    let hooks: Vec<&str> = strategy["hooks"]
+        .as_array()
+        .expect("hooks")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(hooks.iter().all(|h| !h.contains("syscalls/")), "{hooks:?}");
+    assert!(hooks.contains(&"tp_btf/sched_process_exit"), "{hooks:?}");
+    assert_eq!(held_fds(&incident).len(), 1, "the exit walk saw its file");
+    let holders = incident["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{incident}");
+    assert_eq!(holders[0]["pid"], child);
+    assert!(!incident["unseen"].as_array().expect("unseen").is_empty());
+    kill(child);
+    let (update, _) = live.until("incident_update", parent);
+    assert!(
+        update["gpu"]["t_memory_back_ns"].as_u64().is_some(),
+        "{update}"
+    );
+}

@@ -342,7 +342,25 @@ pub struct Strategy {
     pub driver_functions: Vec<String>,
     /// What was tried, in order, with the kernel's answers.
     pub reasons: Vec<String>,
+    /// `--lean`: no system call tracepoint at all (no process pays for linger's syscall
+    /// hooks); what cannot be seen then is in `unseen`.
+    #[serde(default)]
+    pub lean: bool,
+    #[serde(default)]
+    pub unseen: Vec<String>,
+    /// Every hook the collector attached: `tp_btf/sched_process_fork`,
+    /// `tracepoint/syscalls/sys_exit_openat`, ...
+    #[serde(default)]
+    pub hooks: Vec<String>,
 }
+
+/// What `--lean` gives up, and how the answer is still obtained.
+pub const LEAN_UNSEEN: [&str; 4] = [
+    "GPU ioctls: no allocation ledger, no collateral (refused allocations), imports known from      NVML's figures only",
+    "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's      process list (a /proc look at each new pid), forks, and the exec and exit walks of their      descriptor tables",
+    "wait4: the reap is the kernel freeing the task, an upper bound",
+    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at      the signal",
+];
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcInfo {

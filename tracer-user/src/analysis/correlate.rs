@@ -127,6 +127,8 @@ pub struct Correlator {
     next_id: u64,
     /// linger's own process, never an incident.
     self_pid: Option<u32>,
+    /// `--lean`: opens are not traced, so a process not known to hold GPU files may.
+    pub(super) lean: bool,
     pub(super) cases: BTreeMap<u64, Case>,
     /// Live processes with a case.
     alive: HashMap<u32, u64>,
@@ -162,6 +164,7 @@ impl Correlator {
         self.losses.on_event(e);
         match &e.data {
             EventData::Collector { pid } => self.self_pid = Some(*pid),
+            EventData::Strategy(s) => self.lean = s.lean,
             EventData::SignalGenerate {
                 sig,
                 code,
@@ -343,6 +346,9 @@ impl Correlator {
         if holds_gpu {
             // Read NVML at once: the victim's share comes from the readings that follow.
             self.memory.start(id, pid, t_ns);
+        } else if self.lean {
+            // Without traced opens it may hold GPU files all the same: NVML will say.
+            self.memory.start_probe(id, pid, t_ns);
         }
     }
 
@@ -605,6 +611,29 @@ impl Correlator {
             }
         }
         self.nvml = Some(gpus.to_vec());
+        // A process NVML lists is a GPU process, whether or not its files were seen.
+        let listed: Vec<(u64, Option<u64>)> = self
+            .cases
+            .iter()
+            .filter(|(id, c)| {
+                !c.gpu
+                    && self
+                        .memory
+                        .watch(**id)
+                        .is_some_and(|w| w.max_figure.is_some())
+            })
+            .map(|(id, c)| (*id, c.inc.t_group_dead_ns))
+            .collect();
+        for (id, dead) in listed {
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.gpu = true;
+                c.owns = true;
+                c.inc.gpu.get_or_insert_with(Default::default);
+            }
+            if let Some(dead) = dead {
+                self.memory.died(id, dead, Role::Own { ledger: 0 });
+            }
+        }
     }
 
     fn driver_call(&mut self, e: &Event, func: DriverFunc, file: u64, duration_ns: u64) {

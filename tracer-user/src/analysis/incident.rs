@@ -75,6 +75,9 @@ pub struct Incident {
     pub lingering: bool,
     /// For updates: what changed since the last record of this incident.
     pub changes: Vec<String>,
+    /// With `--lean`: what linger could not see for this incident, and how it still knows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unseen: Vec<String>,
     /// The teardown's kernel stacks (outermost frame first) with the time each accounts for:
     /// the flamegraph `linger export --format folded|svg` draws. Not in the JSON lines.
     #[serde(skip)]
@@ -119,6 +122,7 @@ impl Incident {
             losses: Vec::new(),
             lingering: false,
             changes: Vec::new(),
+            unseen: Vec::new(),
             teardown_stacks: Vec::new(),
         }
     }

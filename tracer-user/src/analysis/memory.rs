@@ -100,6 +100,8 @@ pub struct Watch {
     death_figure: Option<u64>,
     /// Its incident is done; kept while aliases still need its return.
     done: bool,
+    /// Not known to hold GPU files: watched only in case NVML lists it (`--lean`).
+    probe: bool,
     /// Listed in the latest reading of its GPU.
     pub listed: bool,
     /// Device `used` at the reading its pool counts from.
@@ -206,6 +208,9 @@ pub struct MemoryBook {
 
 /// How long after something that may release memory NVML is read fast.
 pub const ACTIVE_NS: u64 = 2_000_000_000;
+/// How long a process not known to hold GPU files is looked for in NVML's list after its
+/// signal (`--lean`): its teardown, if it had memory, takes over 100 ms.
+const PROBE_NS: u64 = 300_000_000;
 
 /// An allocation counts for a reading taken this long after it (NVML's reading of the
 /// previous state may have begun before the ioctl returned).
@@ -236,6 +241,7 @@ impl MemoryBook {
             max_figure: None,
             death_figure: None,
             done: false,
+            probe: false,
             listed: false,
             used_before: None,
             own_back_ns: None,
@@ -254,6 +260,16 @@ impl MemoryBook {
             w.gpu.get_or_insert(gpu);
             w.listed = true;
             w.max_figure = w.max_figure.max(p.used);
+        }
+    }
+
+    /// Watches `pid` under `key` in case NVML lists it: with `--lean`, a process killed before
+    /// NVML ever listed it is not known to hold GPU files.
+    pub fn start_probe(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let known = self.watches.contains_key(&key);
+        self.start(key, pid, t_ns);
+        if let (false, Some(w)) = (known, self.watches.get_mut(&key)) {
+            w.probe = w.max_figure.is_none();
         }
     }
 
@@ -351,9 +367,12 @@ impl MemoryBook {
     /// Whether NVML should be read every millisecond: a watched release may be under way.
     pub fn awaiting(&self, now_ns: u64) -> bool {
         self.watches.values().any(|w| {
-            !w.done
-                && w.back_ns().is_none()
-                && now_ns.saturating_sub(w.last_activity_ns) < ACTIVE_NS
+            let window = if w.probe && w.max_figure.is_none() {
+                PROBE_NS
+            } else {
+                ACTIVE_NS
+            };
+            !w.done && w.back_ns().is_none() && now_ns.saturating_sub(w.last_activity_ns) < window
         })
     }
 

@@ -576,3 +576,28 @@ fn without_nvml_a_forked_holders_death_updates_its_parent() {
     let update = r.last_of(10);
     assert_eq!(update.record_type, "incident_update", "{:?}", r.out);
 }
+
+#[test]
+fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
+    let mut r = Run::new();
+    r.feed(
+        0,
+        0.0,
+        EventData::Strategy(crate::event::Strategy {
+            lean: true,
+            ..Default::default()
+        }),
+    );
+    r.nvml(0.0, GIB / 2, &[]);
+    // No open was seen: the process is not a known holder when it is killed.
+    r.kill(SHELL, 10, 9, 200.0);
+    r.die(10, &[], 200.1, 9);
+    r.nvml(201.0, 5 * GIB / 2, &[(10, 2 * GIB)]);
+    r.nvml(330.0, GIB / 2, &[]);
+    r.zombie_and_reap(10, 331.0);
+    r.tick(400.0);
+    let inc = r.last_of(10);
+    assert_eq!(verdict(inc), VerdictKind::Released);
+    assert_eq!(back(inc), Some(330 * MS));
+    assert!(!inc.unseen.is_empty(), "says what --lean cannot see");
+}

@@ -38,6 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         no_nvml: true,
         sample_hz: 4999,
         no_ioctls: false,
+        lean: false,
 
         driver_hooks: Default::default(),
         recording: Default::default(),

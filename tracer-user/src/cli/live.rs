@@ -58,6 +58,11 @@ pub struct Args {
     /// On-CPU kernel stack samples per second of dying GPU processes (0: none).
     #[arg(long, default_value_t = 4999)]
     pub sample_hz: u64,
+    /// No system call tracepoint at all: no process on the machine pays for linger's system
+    /// call hooks. No allocation ledger or collateral; holders from /proc, NVML, forks and the
+    /// exec and exit walks (`linger doctor` says what else).
+    #[arg(long)]
+    pub lean: bool,
     /// Do not follow GPU ioctls (no allocation ledger; holders and teardown still traced).
     #[arg(long)]
     pub no_ioctls: bool,
@@ -110,6 +115,7 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         driver_hooks: args.driver_hooks,
         sample_hz: args.sample_hz,
         ioctls: !args.no_ioctls,
+        lean: args.lean,
     })?)
 }
 
@@ -164,6 +170,7 @@ pub fn trace(
         &devices,
         !args.no_nvml,
         args.recording.redact_cmdline,
+        args.lean,
     );
     let awaited = gpu.awaited();
     let idle = gpu.idle();

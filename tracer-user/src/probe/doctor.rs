@@ -12,7 +12,10 @@ use aya::{
 };
 use serde::Serialize;
 
-use super::{strategy, tracefs, EBPF_OBJECT};
+use super::{
+    questions::{self, Question},
+    strategy, tracefs, EBPF_OBJECT,
+};
 use crate::{
     escape,
     event::{DriverHooks, Strategy},
@@ -37,6 +40,8 @@ pub struct Report {
     pub strategy: String,
     /// The driver hooks `live` would choose here, and why.
     pub driver_hooks: Strategy,
+    /// Each question linger asks, with the hook that answers it here and what it costs.
+    pub questions: Vec<Question>,
 }
 
 pub fn run() -> Report {
@@ -95,6 +100,7 @@ pub fn run() -> Report {
         hooks,
         gpu,
         strategy: strategy::describe(&driver_hooks),
+        questions: questions::table(&driver_hooks),
         driver_hooks,
     }
 }
@@ -266,6 +272,15 @@ pub fn render(report: &Report) -> String {
     for reason in &report.driver_hooks.reasons {
         s.push_str(&format!("{:<16}- {}\n", "", escape::terminal(reason)));
     }
+    if !report.questions.is_empty() {
+        s.push_str("\nwhat linger asks, and which hook answers it here:\n");
+    }
+    for q in &report.questions {
+        s.push_str(&format!(
+            "  {}\n    default: {}\n    --lean:  {}\n    cost:    {}\n",
+            q.question, q.default, q.lean, q.cost
+        ));
+    }
     s
 }
 
@@ -289,6 +304,7 @@ mod tests {
                 reasons: vec!["kprobe: \u{202e}no".into()],
                 ..Default::default()
             },
+            questions: Vec::new(),
         };
         let text = render(&report);
         assert!(

@@ -11,7 +11,7 @@ use log::debug;
 use super::{devices::GpuDevices, offsets, sampling::Sampler, strategy, tracefs, EBPF_OBJECT};
 use crate::{
     error::{Error, Result},
-    event::{DriverHooks, Strategy},
+    event::{DriverHooks, Strategy, LEAN_UNSEEN},
     privileges,
 };
 
@@ -57,6 +57,9 @@ pub struct ProbeConfig {
     pub sample_hz: u64,
     /// Follow GPU ioctls (the ledger). Off, holders and teardown are still traced.
     pub ioctls: bool,
+    /// No system call tracepoint at all (`--lean`): none of linger's hooks runs for a
+    /// process's system calls.
+    pub lean: bool,
     /// Which driver hooks to try.
     pub driver_hooks: DriverHooks,
 }
@@ -70,6 +73,7 @@ impl Default for ProbeConfig {
             gpu_devices: GpuDevices::default(),
             sample_hz: 4999,
             ioctls: true,
+            lean: false,
 
             driver_hooks: DriverHooks::Auto,
         }
@@ -84,6 +88,8 @@ pub struct Probes {
     strategy: Strategy,
     /// Attached only while a GPU process dies.
     sampler: Option<Sampler>,
+    /// What is attached, for the strategy record.
+    attached: Vec<String>,
 }
 
 impl Probes {
@@ -120,6 +126,7 @@ impl Probes {
             logger,
             strategy: Strategy::default(),
             sampler: None,
+            attached: Vec::new(),
         };
 
         let exit_program = if has_group_dead {
@@ -141,28 +148,35 @@ impl Probes {
         if tracefs::has_event("oom", "mark_victim") {
             probes.attach_tracepoint("oom_victim", "oom", "mark_victim")?;
         }
-        probes.attach_tracepoint("wait4_exit", "syscalls", "sys_exit_wait4")?;
         probes.fill_gpu_devices(&config.gpu_devices)?;
-        for (program, syscalls) in [
-            (
-                "fd_installed",
-                &[
-                    "sys_exit_open",
-                    "sys_exit_openat",
-                    "sys_exit_openat2",
-                    "sys_exit_dup",
-                    "sys_exit_dup2",
-                    "sys_exit_dup3",
-                ][..],
-            ),
-            ("fcntl_enter", &["sys_enter_fcntl"]),
-            ("fcntl_exit", &["sys_exit_fcntl"]),
-            ("fd_close", &["sys_enter_close"]),
-            ("fd_close_range", &["sys_enter_close_range"]),
-        ] {
+        // Any system call tracepoint sends every system call of every task through the slow
+        // path: --lean attaches none.
+        let syscall_hooks: &[(&str, &[&str])] = if config.lean {
+            &[]
+        } else {
+            &[
+                ("wait4_exit", &["sys_exit_wait4"]),
+                (
+                    "fd_installed",
+                    &[
+                        "sys_exit_open",
+                        "sys_exit_openat",
+                        "sys_exit_openat2",
+                        "sys_exit_dup",
+                        "sys_exit_dup2",
+                        "sys_exit_dup3",
+                    ],
+                ),
+                ("fcntl_enter", &["sys_enter_fcntl"]),
+                ("fcntl_exit", &["sys_exit_fcntl"]),
+                ("fd_close", &["sys_enter_close"]),
+                ("fd_close_range", &["sys_enter_close_range"]),
+            ]
+        };
+        for &(program, syscalls) in syscall_hooks {
             probes.attach_syscalls(program, syscalls)?;
         }
-        if config.ioctls {
+        if config.ioctls && !config.lean {
             probes.attach_syscalls("ioctl_enter", &["sys_enter_ioctl"])?;
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
@@ -175,6 +189,29 @@ impl Probes {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }
         probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
+        if config.lean {
+            probes.strategy.lean = true;
+            probes.strategy.unseen = LEAN_UNSEEN.iter().map(|s| s.to_string()).collect();
+        }
+        if config.sample_hz > 0 {
+            probes
+                .attached
+                .push("perf_event/cpu-clock (while a GPU process dies)".into());
+        }
+        probes.strategy.hooks = std::mem::take(&mut probes.attached);
+        probes.strategy.hooks.extend(
+            probes
+                .strategy
+                .fput
+                .map(|k| format!("{k:?}/__fput").to_lowercase()),
+        );
+        let driver: Vec<String> = probes
+            .strategy
+            .driver_functions
+            .iter()
+            .map(|f| format!("kprobe/{f}"))
+            .collect();
+        probes.strategy.hooks.extend(driver);
         Ok(probes)
     }
 
@@ -192,7 +229,9 @@ impl Probes {
         attach(&mut self.ebpf).map_err(|reason| Error::Attach {
             program: format!("{program} (tp_btf/{tracepoint})"),
             reason,
-        })
+        })?;
+        self.attached.push(format!("tp_btf/{tracepoint}"));
+        Ok(())
     }
 
     /// Attaches one program to several syscall tracepoints; those this kernel lacks (open on
@@ -218,6 +257,7 @@ impl Probes {
                 program: format!("{program} (tracepoint/syscalls/{name})"),
                 reason: e.to_string(),
             })?;
+            self.attached.push(format!("tracepoint/syscalls/{name}"));
             attached += 1;
         }
         if attached == 0 {
@@ -281,7 +321,9 @@ impl Probes {
         attach(&mut self.ebpf).map_err(|reason| Error::Attach {
             program: format!("{program} (tracepoint/{category}/{name})"),
             reason,
-        })
+        })?;
+        self.attached.push(format!("tracepoint/{category}/{name}"));
+        Ok(())
     }
 
     /// The driver hooks chosen, and why.

@@ -4,6 +4,7 @@ pub mod devices;
 pub mod doctor;
 pub mod load;
 pub mod offsets;
+pub mod questions;
 pub mod sampling;
 pub mod strategy;
 pub mod tracefs;

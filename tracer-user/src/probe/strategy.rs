@@ -79,6 +79,14 @@ pub fn attach(ebpf: &mut Ebpf, requested: DriverHooks, btf: Option<&Btf>) -> Res
 
 /// One line for `doctor`'s strategy and `live -v`.
 pub fn describe(s: &Strategy) -> String {
+    let hooks = hooks_of(s);
+    if s.lean {
+        return format!("lean (no system call tracepoint): {hooks}");
+    }
+    hooks
+}
+
+fn hooks_of(s: &Strategy) -> String {
     let Some(fput) = s.fput else {
         let why = if s.requested == DriverHooks::Off {
             "driver hooks turned off"

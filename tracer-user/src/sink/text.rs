@@ -118,6 +118,13 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             ms(inc.ms_after_signal(f.t_ns))
         );
     }
+    if !inc.unseen.is_empty() {
+        let _ = writeln!(
+            s,
+            "{INDENT}lean: no ioctls, opens or closes seen (no ledger, no collateral); holders \
+             from /proc, NVML, forks and the exit walks"
+        );
+    }
     let (stacks, facts): (Vec<_>, Vec<_>) =
         inc.losses.iter().partition(|l| l.what == LossKind::Stacks);
     if !facts.is_empty() {

@@ -70,6 +70,7 @@ pub async fn run_tapped(
 
     let mut batch = Vec::with_capacity(1024);
     let mut losses_read = 0;
+    let mut nvml_reading = None;
     if let Some(gpu) = gpu.as_deref_mut() {
         for e in gpu.take_startup() {
             push(&mut batch, tap, e);
@@ -81,7 +82,7 @@ pub async fn run_tapped(
                 ready?;
                 drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
             }
-            Some(reading) = next_nvml(gpu.as_deref_mut()) => push(&mut batch, tap, reading),
+            Some(reading) = next_nvml(gpu.as_deref_mut()) => nvml_reading = Some(reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
                 // Bulk records do not wake us: take them now.
@@ -98,6 +99,17 @@ pub async fn run_tapped(
             }
             _ = &mut deadline => break,
             _ = stop.recv() => break,
+        }
+        if let Some(reading) = nvml_reading.take() {
+            // --lean learns new GPU holders from NVML's process list.
+            let found = gpu.as_deref_mut().map(|g| g.discover(&reading));
+            push(&mut batch, tap, reading);
+            if let Some((events, pids)) = found {
+                for e in events {
+                    push(&mut batch, tap, e);
+                }
+                source.add_holders(pids);
+            }
         }
         for event in batch.drain(..) {
             if sink(&event).is_break() {

@@ -13,7 +13,11 @@ use std::{
 use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::{nvml::NvmlSampler, procfs, stacks::StackResolver};
+use super::{
+    nvml::{self, NvmlSampler},
+    procfs,
+    stacks::StackResolver,
+};
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData, FdOp},
@@ -32,6 +36,13 @@ pub struct GpuSources {
     awaited: Arc<AtomicBool>,
     /// Set by the analysis while no incident is open: the stacks resolved so far can go.
     idle: Arc<AtomicBool>,
+    /// `--lean`: no open is traced, so a pid NVML lists for the first time gets a /proc look.
+    lean: bool,
+    devices: GpuDevices,
+    /// Processes whose GPU descriptors were looked up in /proc already.
+    looked_up: HashSet<u32>,
+    /// The last snapshot group id handed out.
+    last_group: u64,
 }
 
 impl GpuSources {
@@ -42,6 +53,7 @@ impl GpuSources {
         devices: &GpuDevices,
         nvml: bool,
         redact_cmdline: bool,
+        lean: bool,
     ) -> Self {
         let now = boottime_ns();
         let mut data = vec![EventData::GpuDevices {
@@ -51,15 +63,20 @@ impl GpuSources {
         let snapshot = procfs::snapshot(devices, redact_cmdline);
         let mut described = HashSet::new();
         let mut holders = Vec::new();
+        let mut last_group = 0;
         for d in &snapshot {
             match d {
-                EventData::SnapshotFd { holder, .. } => holders.push(*holder),
+                EventData::SnapshotFd { holder, group, .. } => {
+                    holders.push(*holder);
+                    last_group = last_group.max(*group);
+                }
                 EventData::ProcInfo(p) => {
                     described.insert(p.pid);
                 }
                 _ => {}
             }
         }
+        let looked_up: HashSet<u32> = holders.iter().copied().collect();
         if let Err(e) = probes.add_holders(holders) {
             warn!("could not mark the current GPU holders: {e}");
         }
@@ -79,7 +96,12 @@ impl GpuSources {
         let nvml = nvml
             .then(|| {
                 let (tx, rx) = unbounded_channel();
-                match NvmlSampler::start(tx, Arc::clone(&awaited)) {
+                let quiet = if lean {
+                    nvml::LEAN_QUIET_PERIOD
+                } else {
+                    nvml::QUIET_PERIOD
+                };
+                match NvmlSampler::start(tx, Arc::clone(&awaited), quiet) {
                     Ok(s) => {
                         info!("{}", s.description);
                         Some((s, rx))
@@ -99,7 +121,56 @@ impl GpuSources {
             stacks,
             awaited,
             idle: Arc::new(AtomicBool::new(true)),
+            lean,
+            devices: devices.clone(),
+            looked_up,
+            last_group,
         }
+    }
+
+    /// With `--lean`: the GPU descriptors of pids an NVML reading lists for the first time,
+    /// from /proc, as snapshot events; and those pids, for the kernel's holder set.
+    pub fn discover(&mut self, reading: &Event) -> (Vec<Event>, Vec<u32>) {
+        let EventData::Nvml { gpus } = &reading.data else {
+            return (Vec::new(), Vec::new());
+        };
+        if !self.lean {
+            return (Vec::new(), Vec::new());
+        }
+        let new: Vec<u32> = gpus
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .filter(|pid| self.looked_up.insert(*pid))
+            .collect();
+        if new.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let found = procfs::snapshot_of(
+            new.iter().copied(),
+            &self.devices,
+            self.redact_cmdline,
+            self.last_group,
+        );
+        let mut holders = Vec::new();
+        for d in &found {
+            match d {
+                EventData::SnapshotFd { holder, group, .. } => {
+                    holders.push(*holder);
+                    self.last_group = self.last_group.max(*group);
+                }
+                EventData::ProcInfo(p) => {
+                    self.described.insert(p.pid);
+                }
+                _ => {}
+            }
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        let events = found
+            .into_iter()
+            .map(|data| Event::collector(reading.ts_ns, data))
+            .collect();
+        (events, holders)
     }
 
     /// Events describing the state at start, to go first in the stream.

@@ -70,6 +70,16 @@ impl KernelSource {
         self.probes.flush_logs();
     }
 
+    /// Marks processes found holding GPU files in /proc as holders for the programs.
+    pub fn add_holders(&mut self, pids: Vec<u32>) {
+        if pids.is_empty() {
+            return;
+        }
+        if let Err(e) = self.probes.add_holders(pids) {
+            warn!("could not mark new GPU holders: {e}");
+        }
+    }
+
     /// Samples the stacks of dying GPU processes, or stops (see [`Probes::set_sampling`]).
     pub fn set_sampling(&mut self, on: bool) {
         if let Err(e) = self.probes.set_sampling(on) {

@@ -23,6 +23,8 @@ use crate::{
 };
 
 pub const QUIET_PERIOD: Duration = Duration::from_secs(1);
+/// Quiet period with `--lean`: NVML's process list is how new GPU holders are found then.
+pub const LEAN_QUIET_PERIOD: Duration = Duration::from_millis(100);
 pub const FAST_PERIOD: Duration = Duration::from_millis(1);
 
 /// Handle to the sampler thread; dropping it stops the thread.
@@ -34,9 +36,13 @@ pub struct NvmlSampler {
 }
 
 impl NvmlSampler {
-    /// Starts sampling into `out`, every millisecond while `fast` is set, or says why NVML
-    /// is not available.
-    pub fn start(out: UnboundedSender<Event>, fast: Arc<AtomicBool>) -> Result<Self, String> {
+    /// Starts sampling into `out`, every `quiet` period, every millisecond while `fast` is set;
+    /// or says why NVML is not available.
+    pub fn start(
+        out: UnboundedSender<Event>,
+        fast: Arc<AtomicBool>,
+        quiet: Duration,
+    ) -> Result<Self, String> {
         let nvml = Nvml::init().map_err(|e| {
             format!("NVML unavailable ({e}); GPU memory comes from kernel data only")
         })?;
@@ -49,7 +55,7 @@ impl NvmlSampler {
         let s = Arc::clone(&stop);
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, &fast, &s, &out))
+            .spawn(move || sample_loop(&nvml, count, quiet, &fast, &s, &out))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
             stop,
@@ -82,6 +88,7 @@ pub fn read_once() -> Result<Vec<NvmlGpu>, String> {
 fn sample_loop(
     nvml: &Nvml,
     count: u32,
+    quiet: Duration,
     fast: &AtomicBool,
     stop: &AtomicBool,
     out: &UnboundedSender<Event>,
@@ -95,12 +102,12 @@ fn sample_loop(
             }
         })
         .collect();
-    let mut last = Instant::now() - QUIET_PERIOD;
+    let mut last = Instant::now() - quiet;
     while !stop.load(Ordering::Relaxed) {
         let period = if fast.load(Ordering::Relaxed) {
             FAST_PERIOD
         } else {
-            QUIET_PERIOD
+            quiet
         };
         if last.elapsed() < period {
             thread::sleep(FAST_PERIOD.min(period - last.elapsed()));

@@ -74,10 +74,28 @@ struct Found {
 }
 
 /// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
-/// group, found with kcmp), plus each holder's /proc facts.
+/// group, found with kcmp, numbered from 1), plus each holder's /proc facts.
 pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
-    let found = scan(devices);
-    let groups = group_by_open_file(&found);
+    let me = std::process::id();
+    let all = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        // linger's own NVML use opens nvidiactl; it holds no GPU memory.
+        .filter(|&pid| pid != me);
+    snapshot_of(all, devices, redact_cmdline, 0)
+}
+
+/// [`snapshot`] of some processes only, group ids numbered after `last_group`.
+pub fn snapshot_of(
+    pids: impl IntoIterator<Item = u32>,
+    devices: &GpuDevices,
+    redact_cmdline: bool,
+    last_group: u64,
+) -> Vec<EventData> {
+    let found = scan(pids, devices);
+    let groups = group_by_open_file(&found, last_group);
     let mut events: Vec<EventData> = Vec::new();
     let mut pids: Vec<u32> = found.iter().map(|f| f.pid).collect();
     pids.sort_unstable();
@@ -102,21 +120,11 @@ pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
     events
 }
 
-fn scan(devices: &GpuDevices) -> Vec<Found> {
+fn scan(pids: impl IntoIterator<Item = u32>, devices: &GpuDevices) -> Vec<Found> {
     let mut found = Vec::new();
-    let Ok(procs) = fs::read_dir("/proc") else {
-        return found;
-    };
-    let me = std::process::id();
-    for entry in procs.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        // linger's own NVML use opens nvidiactl; it holds no GPU memory.
-        if pid == me {
-            continue;
-        }
-        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
+    for pid in pids {
+        let dir = Path::new("/proc").join(pid.to_string());
+        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
             continue;
         };
         for fd_entry in fds.flatten() {
@@ -138,7 +146,7 @@ fn scan(devices: &GpuDevices) -> Vec<Found> {
             if !devices.is_gpu(dev) {
                 continue;
             }
-            let info = entry.path().join("fdinfo").join(fd.to_string());
+            let info = dir.join("fdinfo").join(fd.to_string());
             let cloexec = fs::read_to_string(info)
                 .ok()
                 .and_then(|s| {
@@ -158,12 +166,12 @@ fn scan(devices: &GpuDevices) -> Vec<Found> {
     found
 }
 
-/// Group ids (1, 2, ...) such that two descriptors share one exactly when they are the same
-/// open file.
-fn group_by_open_file(found: &[Found]) -> Vec<u64> {
+/// Group ids (after `last`: last + 1, last + 2, ...) such that two descriptors share one
+/// exactly when they are the same open file.
+fn group_by_open_file(found: &[Found], last: u64) -> Vec<u64> {
     // One representative descriptor per group, by device.
     let mut reps: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
-    let mut next = 0;
+    let mut next = last;
     found
         .iter()
         .enumerate()

@@ -1,0 +1,92 @@
+//! `linger doctor`'s table of what linger asks the kernel, which hook answers each question on
+//! this machine in the default mode and with `--lean`, and what that hook costs the processes
+//! linger is not about.
+
+use serde::Serialize;
+
+use crate::event::{HookKind, Strategy};
+
+#[derive(Debug, Serialize)]
+pub struct Question {
+    pub question: &'static str,
+    /// The hooks that answer it in the default mode.
+    pub default: String,
+    /// The same with `--lean`.
+    pub lean: String,
+    /// Who pays for it.
+    pub cost: &'static str,
+}
+
+/// Every question, answered for the driver hooks `strategy` chose here.
+pub fn table(strategy: &Strategy) -> Vec<Question> {
+    let release = match strategy.fput {
+        Some(HookKind::Fentry) => "fentry/fexit on __fput of GPU files (exact)",
+        Some(HookKind::Kprobe) => "kprobe/kretprobe on __fput of GPU files (exact)",
+        None => "the zombie transition (SIGCHLD), an upper bound",
+    };
+    let q = |question, default: &str, lean: &str, cost| Question {
+        question,
+        default: default.to_string(),
+        lean: lean.to_string(),
+        cost,
+    };
+    vec![
+        q(
+            "fatal signals and their delivery",
+            "tp_btf/signal_generate, tracepoint signal/signal_deliver",
+            "the same",
+            "fires on signals only",
+        ),
+        q(
+            "thread exits, group death, exit status",
+            "tp_btf/sched_process_exit",
+            "the same",
+            "every thread exit: one map lookup when nobody watches it",
+        ),
+        q(
+            "reaping",
+            "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
+             tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)",
+            "tp_btf/sched_process_free only (an upper bound)",
+            "a system call tracepoint: every system call of every process takes the slow \
+             path while it is attached (the syscall tax, BENCHMARKS.md)",
+        ),
+        q(
+            "who holds GPU files",
+            "tracepoints syscalls/sys_exit_open*, _dup*, sys_enter/exit_fcntl, \
+             sys_enter_close, sys_enter_close_range; tp_btf fork, exec and exit walks; the \
+             start-up snapshot",
+            "the start-up snapshot, NVML's process list (a /proc look at each new pid), tp_btf \
+             fork, exec and exit walks",
+            "system call tracepoints (the syscall tax); linger's programs run for those calls \
+             only and stop non-holders at one map lookup",
+        ),
+        q(
+            "GPU ioctls (allocation ledger, imports, refused allocations)",
+            "tracepoints syscalls/sys_enter_ioctl, sys_exit_ioctl",
+            "not seen: imports from NVML's figures only, no ledger or collateral",
+            "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
+        ),
+        q(
+            "where a teardown spends its time",
+            "tp_btf/sched_switch, tp_btf/sched_wakeup, perf_event cpu-clock stacks while a GPU \
+             process dies",
+            "the same",
+            "the scheduler hooks cost one array read while nobody dies; sampling runs only while \
+             a GPU process dies",
+        ),
+        q(
+            "the victim's own release of its files",
+            release,
+            release,
+            "the driver hooks fire for GPU files only",
+        ),
+        q(
+            "memory back on the device",
+            "NVML from linger's own thread: 1 ms while a release is awaited, else once a second",
+            "NVML: 1 ms while awaited (also after any fatal signal, for 300 ms), else every \
+             100 ms",
+            "linger's own CPU (about 10 µs a reading)",
+        ),
+    ]
+}
