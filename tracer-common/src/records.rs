@@ -361,34 +361,28 @@ pub enum Loss {
     Tracked = 1,
     /// A GPU holder: its ioctls, closes and exit walk.
     Holders = 2,
-    /// An ioctl under way: its decoded record.
-    Ioctls = 3,
     /// A dying GPU process: its stack samples.
-    Dying = 4,
+    Dying = 3,
     /// A sleeping thread of a dying process: the sleep's length.
-    Blocked = 5,
+    Blocked = 4,
     /// A driver kthread woken by a dying process: its samples.
-    Helpers = 6,
-    /// An fcntl dup under way: the new descriptor.
-    FcntlDup = 7,
+    Helpers = 5,
     /// A kernel stack that did not fit in the stack map.
-    Stacks = 8,
+    Stacks = 6,
 }
 
 impl Loss {
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 7;
 
     pub fn from_u32(v: u32) -> Option<Self> {
         Some(match v {
             0 => Self::Ring,
             1 => Self::Tracked,
             2 => Self::Holders,
-            3 => Self::Ioctls,
-            4 => Self::Dying,
-            5 => Self::Blocked,
-            6 => Self::Helpers,
-            7 => Self::FcntlDup,
-            8 => Self::Stacks,
+            3 => Self::Dying,
+            4 => Self::Blocked,
+            5 => Self::Helpers,
+            6 => Self::Stacks,
             _ => return None,
         })
     }

@@ -11,6 +11,7 @@ use tracer_common::{FdOp, GpuCloseRange, GpuFd, Loss, FD_CLOEXEC, FD_WALK_TRUNCA
 
 use crate::{
     emit::{count_loss, current_ids, emit},
+    regs::syscall_args,
     task::{file_dev, file_refcount, FdTable, Task},
 };
 
@@ -27,10 +28,6 @@ pub static GPU_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 /// programs. Kernel-maintained, seeded by user space with the holders found at start.
 #[map]
 pub static HOLDERS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
-
-/// Threads inside fcntl(F_DUPFD / F_DUPFD_CLOEXEC).
-#[map]
-static FCNTL_DUP: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
 /// Descriptors a process-exit or exec walk looks at; higher ones are not listed (flagged).
 const WALK_MAX_FDS: u32 = 256;
@@ -123,69 +120,59 @@ fn installed(op: FdOp, fd: u32) {
     }
 }
 
-/// sys_enter_fcntl: fd@16, cmd@24. Remembers the dup commands for the exit.
-#[tracepoint]
-pub fn fcntl_enter(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = current_ids();
-    if !is_holder(tgid) {
-        return 0;
-    }
-    // SAFETY: offset of `cmd` in the stable sys_enter_fcntl format.
-    let cmd = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(u64::MAX);
-    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && FCNTL_DUP.insert(tid, 0, 0).is_err() {
-        count_loss(Loss::FcntlDup);
-    }
-    0
-}
-
-/// sys_exit_fcntl: ret@16 is the new descriptor of a dup command.
+/// sys_exit_fcntl: ret@16 is the new descriptor of a dup command (cmd, the second argument).
 #[tracepoint]
 pub fn fcntl_exit(ctx: TracePointContext) -> u32 {
-    let (_, tid) = current_ids();
-    // SAFETY: plain byte value.
-    if unsafe { FCNTL_DUP.get(tid) }.is_none() {
+    if !is_holder(current_ids().0) {
         return 0;
     }
-    let _ = FCNTL_DUP.remove(tid);
     // SAFETY: offset of `ret` in the stable sys_exit format.
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
-    if ret >= 0 {
+    let Some([_, cmd, _]) = syscall_args() else {
+        return 0;
+    };
+    if ret >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
         installed(FdOp::Dup, ret as u32);
     }
     0
 }
 
-/// sys_enter_close: fd@16. Recorded before the descriptor goes.
+/// sys_exit_close of a GPU holder: the descriptor (the first argument) is gone, so the record
+/// names only it; user space knows which file it was.
 #[tracepoint]
 pub fn fd_close(ctx: TracePointContext) -> u32 {
     if !is_holder(current_ids().0) {
         return 0;
     }
-    // SAFETY: offset of `fd` in the stable sys_enter_close format.
-    let fd = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(u64::MAX);
-    if fd > u32::MAX as u64 {
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    let Some([fd, _, _]) = syscall_args() else {
+        return 0;
+    };
+    if ret != 0 || fd > i32::MAX as u64 {
         return 0;
     }
-    if let Some((fdt, file, dev)) = gpu_file_at(fd as u32) {
-        emit_fd(FdOp::Close, fd as u32, fdt, file, dev, 0);
-    }
+    emit::<GpuFd>(|e| {
+        e.op = FdOp::Close as u32;
+        e.fd = fd as i32;
+    });
     0
 }
 
-/// sys_enter_close_range: fd@16, max_fd@24, flags@32.
+/// sys_exit_close_range(first, last, flags) of a GPU holder.
 #[tracepoint]
 pub fn fd_close_range(ctx: TracePointContext) -> u32 {
     if !is_holder(current_ids().0) {
         return 0;
     }
-    // SAFETY: offsets of the stable sys_enter_close_range format.
-    let (first, last, flags) = unsafe {
-        (
-            ctx.read_at::<u64>(16).unwrap_or(0),
-            ctx.read_at::<u64>(24).unwrap_or(0),
-            ctx.read_at::<u64>(32).unwrap_or(0),
-        )
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    let Some([first, last, flags]) = syscall_args() else {
+        return 0;
     };
+    if ret != 0 {
+        return 0;
+    }
     emit::<GpuCloseRange>(|e| {
         e.first = first as u32;
         e.last = last.min(u32::MAX as u64) as u32;

@@ -1,55 +1,33 @@
-//! ioctls on GPU files: remembered at entry, decoded from the driver's parameter struct at exit
-//! (when the driver has written its status and the new handles back).
+//! ioctls on GPU files, decoded from the driver's parameter struct at their exit. There is no
+//! entry hook: every system call would pay for it (their duration comes from the driver hooks
+//! where the kernel allows them).
 
-use aya_ebpf::{
-    helpers::bpf_probe_read_user,
-    macros::{map, tracepoint},
-    maps::HashMap,
-    programs::TracePointContext,
-};
+use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use tracer_common::{
     driver::{
         has_memory_allocation_params, ioc_nr, ioc_size, ioc_type, IOCTL_XFER_CMD,
         MEMORY_ALLOCATION_SIZE_OFFSET, NVIDIA_MAJOR, NVOS21_SIZE, NVOS64_SIZE, NV_IOCTL_MAGIC,
         RM_ALLOC, RM_ALLOC_MEMORY, RM_CONTROL, RM_DUP_OBJECT, RM_FREE, RM_MAP_MEMORY, RM_SHARE,
     },
-    GpuIoctl, Loss,
+    GpuIoctl,
 };
 
 use crate::{
-    emit::{count_loss, current_ids, emit, now_ns},
+    emit::{current_ids, emit},
     files::{gpu_file_at, is_holder},
+    regs::syscall_args,
 };
 
-#[derive(Clone, Copy)]
-struct InFlight {
-    ts: u64,
-    file: u64,
-    arg: u64,
-    fd: u32,
-    cmd: u32,
-    dev: u32,
-}
-
-/// ioctls on GPU files under way, by thread.
-#[map]
-static IN_FLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(8192, 0);
-
-/// sys_enter_ioctl: fd@16, cmd@24, arg@32.
+/// sys_exit_ioctl: ret@16; the descriptor, command and argument are the call's first three
+/// arguments. The driver has written its status and new handles back by now.
 #[tracepoint]
-pub fn ioctl_enter(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = current_ids();
+pub fn ioctl_exit(ctx: TracePointContext) -> u32 {
     // Processes that never held a GPU file stop here, after one map lookup.
-    if !is_holder(tgid) {
+    if !is_holder(current_ids().0) {
         return 0;
     }
-    // SAFETY: offsets of the stable sys_enter_ioctl format.
-    let (fd, cmd, arg) = unsafe {
-        (
-            ctx.read_at::<u64>(16).unwrap_or(u64::MAX),
-            ctx.read_at::<u64>(24).unwrap_or(0),
-            ctx.read_at::<u64>(32).unwrap_or(0),
-        )
+    let Some([fd, cmd, arg]) = syscall_args() else {
+        return 0;
     };
     if fd > u32::MAX as u64 {
         return 0;
@@ -57,41 +35,17 @@ pub fn ioctl_enter(ctx: TracePointContext) -> u32 {
     let Some((_, file, dev)) = gpu_file_at(fd as u32) else {
         return 0;
     };
-    let call = InFlight {
-        ts: now_ns(),
-        file,
-        arg,
-        fd: fd as u32,
-        cmd: cmd as u32,
-        dev,
-    };
-    if IN_FLIGHT.insert(tid, call, 0).is_err() {
-        count_loss(Loss::Ioctls);
-    }
-    0
-}
-
-/// sys_exit_ioctl: ret@16.
-#[tracepoint]
-pub fn ioctl_exit(ctx: TracePointContext) -> u32 {
-    let (_, tid) = current_ids();
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(call) = (unsafe { IN_FLIGHT.get(tid) }).copied() else {
-        return 0;
-    };
-    let _ = IN_FLIGHT.remove(tid);
     // SAFETY: offset of `ret` in the stable sys_exit format.
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
-    let now = now_ns();
+    let cmd = cmd as u32;
     emit::<GpuIoctl>(|e| {
-        e.fd = call.fd as i32;
-        e.cmd = call.cmd;
-        e.dev = call.dev;
+        e.fd = fd as i32;
+        e.cmd = cmd;
+        e.dev = dev;
         e.ret = ret as i32;
-        e.duration_ns = now.wrapping_sub(call.ts);
-        e.file = call.file;
-        if call.dev >> 20 == NVIDIA_MAJOR && ioc_type(call.cmd) == NV_IOCTL_MAGIC {
-            decode_rm(e, call.cmd, call.arg);
+        e.file = file;
+        if dev >> 20 == NVIDIA_MAJOR && ioc_type(cmd) == NV_IOCTL_MAGIC {
+            decode_rm(e, cmd, arg);
         }
     });
     0

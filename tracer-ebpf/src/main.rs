@@ -9,6 +9,7 @@ mod emit;
 mod files;
 mod ioctl;
 mod process;
+mod regs;
 mod signal;
 mod task;
 mod teardown;

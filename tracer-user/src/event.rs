@@ -238,16 +238,12 @@ pub enum LossKind {
     Tracked,
     /// GPU holders (holder map full): their ioctls, closes and exit walk.
     Holders,
-    /// ioctls under way (their decoded records).
-    Ioctls,
     /// Dying GPU processes (their stack samples).
     Dying,
     /// Sleeps of dying processes' threads.
     Blocked,
     /// Driver kthreads working for a dying process.
     Helpers,
-    /// fcntl dups under way.
-    FcntlDup,
     /// Kernel stacks (stack map full).
     Stacks,
 }
@@ -259,11 +255,9 @@ impl From<tracer_common::Loss> for LossKind {
             K::Ring => Self::Ring,
             K::Tracked => Self::Tracked,
             K::Holders => Self::Holders,
-            K::Ioctls => Self::Ioctls,
             K::Dying => Self::Dying,
             K::Blocked => Self::Blocked,
             K::Helpers => Self::Helpers,
-            K::FcntlDup => Self::FcntlDup,
             K::Stacks => Self::Stacks,
         }
     }

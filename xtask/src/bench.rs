@@ -11,6 +11,7 @@ mod rounds;
 mod sampling;
 mod stats;
 mod storms;
+mod tax;
 mod trace;
 
 use std::{
@@ -68,6 +69,9 @@ pub struct Plan {
     pub replay_ioctls: u32,
     pub replay_kills: u32,
     pub replay_rounds: u32,
+    /// Calls per part of a syscall-tax run, and rounds.
+    pub tax_calls: u32,
+    pub tax_rounds: u32,
 }
 
 impl Plan {
@@ -102,6 +106,8 @@ impl Plan {
             replay_ioctls: 2_000_000,
             replay_kills: 20,
             replay_rounds: 3,
+            tax_calls: 200_000,
+            tax_rounds: 10,
         }
     }
 
@@ -131,6 +137,8 @@ impl Plan {
             replay_ioctls: 100_000,
             replay_kills: 4,
             replay_rounds: 1,
+            tax_calls: 50_000,
+            tax_rounds: 2,
             ..Self::full()
         }
     }
@@ -173,6 +181,8 @@ pub struct Results {
     pub dying: Measured,
     pub trace: Measured,
     pub replay: Measured,
+    /// The `syscalls` workload beside perf, linger and linger --lean.
+    pub tax: Measured,
 }
 
 /// Where and when the figures were taken.
@@ -358,8 +368,15 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
             "target/bench",
         ],
     )?;
+    let quoted: Vec<String> = tax::VARIANTS.iter().map(|v| format!("'{v}'")).collect();
+    let mut variants = Vec::new();
+    for v in &quoted {
+        variants.extend(["--variant", v.as_str()]);
+    }
+    let tax = storm("syscalls", plan.tax_calls, plan.tax_rounds, &variants)?;
     Ok(Results {
         storm: storms,
+        tax,
         sweep,
         syscall,
         decode,

@@ -44,11 +44,13 @@ use workload::{Run, Storm, Workload};
 const GPU_IOCTL_RECORD: usize =
     std::mem::size_of::<tracer_common::Record<tracer_common::GpuIoctl>>();
 
-/// One way to run the workload: without a tracer, or under `linger live` with these arguments.
+/// One way to run the workload: without a tracer, under `linger live` with these arguments,
+/// or beside another program (another tracer to compare with: `cmd perf record ...`).
 #[derive(Clone, Debug)]
 enum Variant {
     Base,
     Live(Vec<String>),
+    Cmd(Vec<String>),
 }
 
 impl Variant {
@@ -58,7 +60,12 @@ impl Variant {
         match words.next() {
             Some("base") if words.next().is_none() => Ok(Self::Base),
             Some("live") => Ok(Self::Live(words.map(str::to_string).collect())),
-            _ => bail!("variant {s:?}: `base` or `live [LINGER LIVE ARGS]`"),
+            Some("cmd") => {
+                let argv: Vec<String> = words.map(str::to_string).collect();
+                ensure!(!argv.is_empty(), "variant {s:?}: `cmd PROGRAM [ARGS]`");
+                Ok(Self::Cmd(argv))
+            }
+            _ => bail!("variant {s:?}: `base`, `live [LINGER LIVE ARGS]` or `cmd PROGRAM [ARGS]`"),
         }
     }
 
@@ -67,6 +74,7 @@ impl Variant {
             Self::Base => "base".into(),
             Self::Live(args) if args.is_empty() => "live".into(),
             Self::Live(args) => format!("live {}", args.join(" ")),
+            Self::Cmd(argv) => format!("cmd {}", argv.join(" ")),
         }
     }
 }
@@ -138,6 +146,7 @@ fn main() -> Result<()> {
             other_tracers = other_tracers.max(tracer::other_lingers());
             let run = match &config.variants[v] {
                 Variant::Base => run_json(&storm.measured(config.iterations)?, None),
+                Variant::Cmd(argv) => run_json(&beside(argv, &mut storm, config.iterations)?, None),
                 Variant::Live(args) => {
                     let name = format!("{}-{round}-{v}", config.workload.name());
                     let traced = traced_run(&config, &mut storm, args, &name, false, false)?;
@@ -184,6 +193,24 @@ fn main() -> Result<()> {
     });
     println!("{out}");
     Ok(())
+}
+
+/// One run while `argv` runs in the background: started a second before (to attach), stopped
+/// with SIGINT after.
+fn beside(argv: &[String], storm: &mut Storm, iterations: u32) -> Result<Run> {
+    let mut child = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting {}: {e}", argv[0]))?;
+    thread::sleep(std::time::Duration::from_secs(1));
+    ensure!(child.try_wait()?.is_none(), "{} exited early", argv[0]);
+    let run = storm.measured(iterations);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    let _ = child.wait();
+    run
 }
 
 /// One untimed run under `linger live` with the kernel's program accounting on, and for the

@@ -167,17 +167,17 @@ impl Probes {
                         "sys_exit_dup3",
                     ],
                 ),
-                ("fcntl_enter", &["sys_enter_fcntl"]),
                 ("fcntl_exit", &["sys_exit_fcntl"]),
-                ("fd_close", &["sys_enter_close"]),
-                ("fd_close_range", &["sys_enter_close_range"]),
+                ("fd_close", &["sys_exit_close"]),
+                ("fd_close_range", &["sys_exit_close_range"]),
             ]
         };
+        // Exits only: a system call entry hook would be a second tracepoint call on every
+        // system call of every process.
         for &(program, syscalls) in syscall_hooks {
             probes.attach_syscalls(program, syscalls)?;
         }
         if config.ioctls && !config.lean {
-            probes.attach_syscalls("ioctl_enter", &["sys_enter_ioctl"])?;
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;

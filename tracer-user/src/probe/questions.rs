@@ -53,9 +53,8 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "who holds GPU files",
-            "tracepoints syscalls/sys_exit_open*, _dup*, sys_enter/exit_fcntl, \
-             sys_enter_close, sys_enter_close_range; tp_btf fork, exec and exit walks; the \
-             start-up snapshot",
+            "tracepoints syscalls/sys_exit_open*, _dup*, _fcntl, _close, _close_range (exits \
+             only); tp_btf fork, exec and exit walks; the start-up snapshot",
             "the start-up snapshot, NVML's process list (a /proc look at each new pid), tp_btf \
              fork, exec and exit walks",
             "system call tracepoints (the syscall tax); linger's programs run for those calls \
@@ -63,7 +62,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "GPU ioctls (allocation ledger, imports, refused allocations)",
-            "tracepoints syscalls/sys_enter_ioctl, sys_exit_ioctl",
+            "tracepoint syscalls/sys_exit_ioctl (no duration: no entry hook)",
             "not seen: imports from NVML's figures only, no ledger or collateral",
             "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
         ),

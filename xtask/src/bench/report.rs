@@ -10,7 +10,7 @@ use super::{
     rounds::Rounds,
     sampling,
     stats::{summarize, Summary},
-    storms, trace, Machine, Measured, Plan, Results, BINARIES,
+    storms, tax, trace, Machine, Measured, Plan, Results, BINARIES,
 };
 
 pub struct Report {
@@ -46,6 +46,7 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
         &results.replay,
         &mut targets,
     )?;
+    tax::section(&mut body, plan, &results.tax, &mut targets)?;
 
     let mut md = String::new();
     md.push_str("# Benchmarks\n\n");

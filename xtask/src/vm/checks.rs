@@ -136,8 +136,8 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
         e["pid"] == holder && e["data"]["kind"] == "task_exit" && e["data"]["group_dead"] == true
     })?;
     // /tmp/gpu0: closed as fd 3, held as fd 4 when killed.
-    let closed = t.fd("close", 3, GPU0)?;
-    let on_close = t.fput(closed, "close path of /tmp/gpu0")?;
+    let closed = t.closed(3, GPU0)?;
+    let on_close = t.fput(&closed, "close path of /tmp/gpu0")?;
     let held = t.fd("held_at_exit", 4, GPU0)?;
     let on_exit = t.fput_after(t.kill()?, held, "exit path of /tmp/gpu0")?;
     eprintln!(
@@ -237,6 +237,29 @@ impl<'a> Trace<'a> {
                 && e["data"]["sig"] == 9
                 && e["data"]["target_pid"] == self.holder
         })
+    }
+
+    /// The holder's close of descriptor `fd` of device `dev`. Closes are recorded at the
+    /// call's exit, by number only: the file is the one its last open or dup of `fd` named.
+    pub fn closed(&self, fd: i64, dev: u64) -> Result<Value> {
+        let mut file = None;
+        for e in &self.events {
+            let d = &e["data"];
+            if e["pid"] != self.holder || d["kind"] != "gpu_fd" || d["fd"] != fd {
+                continue;
+            }
+            match d["op"].as_str() {
+                Some("open" | "dup") if d["dev"] == dev => file = Some(d["file"].clone()),
+                Some("close") if file.is_some() => {
+                    let mut closed = (*e).clone();
+                    closed["data"]["file"] = file.take().unwrap_or_default();
+                    closed["data"]["dev"] = dev.into();
+                    return Ok(closed);
+                }
+                _ => {}
+            }
+        }
+        bail!("no close of fd {fd} after its open of device {dev:#x}")
     }
 
     /// The holder's GpuFd record `op` of descriptor `fd` on device `dev`.

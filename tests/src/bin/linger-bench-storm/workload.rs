@@ -42,6 +42,11 @@ pub enum Workload {
     /// Start `linger-bench-dying` (`threads` threads, holding the stand-in GPU device), SIGKILL
     /// it and time the kill until waitpid() returns it.
     Dying,
+    /// System calls of a process that never touches a GPU, four parts of N each: getppid();
+    /// a 1-byte read of /dev/zero and write to /dev/null (`dd bs=1`); a 1-byte round trip
+    /// through two pipes to a child process and back (two context switches); a 4 KiB pread of
+    /// a file in the page cache.
+    Syscalls,
 }
 
 /// Arithmetic steps in one `spin` iteration.
@@ -61,9 +66,10 @@ impl Workload {
             "ioctl-gpu" => Self::IoctlGpu,
             "spin" => Self::Spin,
             "dying" => Self::Dying,
+            "syscalls" => Self::Syscalls,
             _ => bail!(
                 "unknown workload {s:?} (kill-threads, kill-exec, spawn-true, ioctl, ioctl-gpu, \
-                 spin, dying)"
+                 spin, dying, syscalls)"
             ),
         })
     }
@@ -77,6 +83,7 @@ impl Workload {
             Self::IoctlGpu => "ioctl-gpu",
             Self::Spin => "spin",
             Self::Dying => "dying",
+            Self::Syscalls => "syscalls",
         }
     }
 
@@ -88,6 +95,7 @@ impl Workload {
             Self::IoctlGpu => &["gpu-ioctl", "other-ioctl"],
             Self::Dying => &["kill-to-reap"],
             Self::Spin => &["run", "best-slice"],
+            Self::Syscalls => &["getppid", "rw-1byte", "pipe-pingpong", "read-4k"],
             _ => &["run"],
         }
     }
@@ -117,6 +125,97 @@ pub struct Storm {
     tracer: Option<u32>,
     /// Runs of the ioctl workloads do their first part only (check runs).
     pub first_part_only: bool,
+    /// `syscalls`: its files and its echoing child.
+    syscalls: Option<SyscallParts>,
+}
+
+/// What the `syscalls` workload keeps open.
+struct SyscallParts {
+    zero: File,
+    null: File,
+    cached: File,
+    /// To the echo child, and back from it.
+    ping: OwnedFd,
+    pong: OwnedFd,
+    echo: Pid,
+}
+
+impl SyscallParts {
+    fn new() -> Result<Self> {
+        let path = std::env::temp_dir().join(format!("linger-bench-read-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 1 << 20])?;
+        let cached = File::open(&path)?;
+        let _ = std::fs::remove_file(&path);
+        let (to_child, ping) = pipe()?;
+        let (pong, from_child) = pipe()?;
+        // SAFETY: single-threaded; the child only echoes bytes until its pipe closes and exits
+        // with _exit, never returning into the parent's code.
+        let echo = match unsafe { fork() }? {
+            ForkResult::Child => {
+                drop((ping, pong));
+                let mut b = [0u8];
+                while matches!(read(to_child.as_fd(), &mut b), Ok(1)) {
+                    if write(&from_child, &b).is_err() {
+                        break;
+                    }
+                }
+                // SAFETY: leaves the child without the parent's destructors.
+                unsafe { libc::_exit(0) }
+            }
+            ForkResult::Parent { child } => child,
+        };
+        Ok(Self {
+            zero: File::open("/dev/zero")?,
+            null: OpenOptions::new().write(true).open("/dev/null")?,
+            cached,
+            ping,
+            pong,
+            echo,
+        })
+    }
+
+    /// The four parts, N calls each: seconds per part.
+    fn run(&self, n: u32) -> Result<Vec<f64>> {
+        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let t = Instant::now();
+            for _ in 0..n {
+                f()?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let mut byte = [0u8];
+        let mut page = [0u8; 4096];
+        Ok(vec![
+            time(&mut || {
+                black_box(getppid());
+                Ok(())
+            })?,
+            time(&mut || {
+                ensure!(read(self.zero.as_fd(), &mut byte)? == 1, "short read");
+                ensure!(write(&self.null, &byte)? == 1, "short write");
+                Ok(())
+            })?,
+            time(&mut || {
+                ensure!(write(&self.ping, b"p")? == 1, "ping");
+                ensure!(read(self.pong.as_fd(), &mut byte)? == 1, "pong");
+                Ok(())
+            })?,
+            time(&mut || {
+                ensure!(
+                    nix::sys::uio::pread(&self.cached, &mut page, 0)? == page.len(),
+                    "short pread"
+                );
+                Ok(())
+            })?,
+        ])
+    }
+}
+
+impl Drop for SyscallParts {
+    fn drop(&mut self) {
+        let _ = kill(self.echo, Signal::SIGKILL);
+        let _ = waitpid(self.echo, None);
+    }
 }
 
 /// One timed run of the workload.
@@ -164,6 +263,9 @@ impl Storm {
             dying_exe: exe.with_file_name("linger-bench-dying"),
             tracer: None,
             first_part_only: false,
+            syscalls: (config.workload == Workload::Syscalls)
+                .then(SyscallParts::new)
+                .transpose()?,
         })
     }
 
@@ -220,6 +322,10 @@ impl Storm {
                 Ok((vec![since(start), best * SPIN_SLICES as f64], None))
             }
             Workload::Dying => self.dying(iterations),
+            Workload::Syscalls => {
+                let parts = self.syscalls.as_ref().context("syscalls parts")?;
+                Ok((parts.run(iterations)?, None))
+            }
             _ => {
                 for _ in 0..iterations {
                     self.iteration()?;

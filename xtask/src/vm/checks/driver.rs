@@ -67,7 +67,7 @@ fn ioctl(t: &Trace) -> Result<()> {
 /// nvidia0 closed as fd 5: __fput > nvidia_close > rm_cleanup_file_private, nested on the
 /// closing thread, the cleanup sleeping `DELAY_NS`.
 fn slow_close(t: &Trace) -> Result<u64> {
-    let closed = t.fd("close", 5, NVIDIA0)?;
+    let closed = &t.closed(5, NVIDIA0)?;
     let tid = Some(&closed["tid"]);
     let mut at = closed;
     let mut calls = Vec::new();
@@ -94,7 +94,7 @@ fn slow_close(t: &Trace) -> Result<u64> {
 /// nvidia1 closed as fd 6: nvidia_close returns at once; nvidia_close_deferred runs the
 /// cleanup on another thread, and names the same file.
 fn deferred_close(t: &Trace) -> Result<u64> {
-    let closed = t.fd("close", 6, NVIDIA1)?;
+    let closed = &t.closed(6, NVIDIA1)?;
     let entry = t.call("nvidia_close", false, closed, closed, Some(&closed["tid"]))?;
     let exit = t.call("nvidia_close", true, closed, entry, Some(&entry["tid"]))?;
     if duration(entry, exit)? >= DELAY_NS {
