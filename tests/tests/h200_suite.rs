@@ -1,7 +1,8 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
-//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Two passes of
-//! the same suite, whose timing differed, are both checked.
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Four passes of
+//! the same suite in the default mode, whose timing differed, are all checked, and one with
+//! `--lean`, which sees no system call and must still give the same answers.
 
 use std::{
     collections::BTreeSet,
@@ -23,7 +24,10 @@ fn linger() -> String {
 
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
-    ["pass1", "pass2"].iter().map(|p| root.join(p)).collect()
+    ["pass1", "pass2", "pass3", "pass4", "lean"]
+        .iter()
+        .map(|p| root.join(p))
+        .collect()
 }
 
 /// Every pass's scenarios, replayed once for all tests.

@@ -85,7 +85,7 @@ impl Variant {
 pub struct Config {
     #[command(flatten)]
     tracer: Tracer,
-    /// kill-threads, kill-exec, spawn-true, ioctl, ioctl-gpu, spin or dying.
+    /// kill-threads, kill-exec, spawn-true, ioctl, ioctl-gpu, spin, dying or syscalls.
     #[arg(long, value_parser = Workload::parse, default_value = "kill-threads")]
     workload: Workload,
     /// Workload iterations in one run.

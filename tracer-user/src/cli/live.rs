@@ -186,7 +186,7 @@ pub fn trace(
             ready,
             |event| {
                 let flow = report.on_event(event);
-                awaited.store(report.awaiting_gpu_memory(), Ordering::Relaxed);
+                awaited.set_fast(report.awaiting_gpu_memory());
                 idle.store(report.is_idle(), Ordering::Relaxed);
                 flow
             },

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{
     nvml::{self, NvmlSampler},
+    pace::Pace,
     procfs,
     stacks::StackResolver,
 };
@@ -33,7 +34,7 @@ pub struct GpuSources {
     stacks: Option<StackResolver>,
     /// Set while an incident awaits GPU memory: NVML reads every millisecond and the stack
     /// sampler runs.
-    awaited: Arc<AtomicBool>,
+    awaited: Arc<Pace>,
     /// Set by the analysis while no incident is open: the stacks resolved so far can go.
     idle: Arc<AtomicBool>,
     /// `--lean`: no open is traced, so a pid NVML lists for the first time gets a /proc look.
@@ -92,7 +93,7 @@ impl GpuSources {
             .into_iter()
             .map(|data| Event::collector(now, data))
             .collect();
-        let awaited = Arc::new(AtomicBool::new(false));
+        let awaited = Arc::new(Pace::default());
         let nvml = nvml
             .then(|| {
                 let (tx, rx) = unbounded_channel();
@@ -187,12 +188,12 @@ impl GpuSources {
     }
 
     /// The switch the analysis sets while GPU memory is awaited.
-    pub fn awaited(&self) -> Arc<AtomicBool> {
+    pub fn awaited(&self) -> Arc<Pace> {
         Arc::clone(&self.awaited)
     }
 
     pub fn is_awaited(&self) -> bool {
-        self.awaited.load(Ordering::Relaxed)
+        self.awaited.is_fast()
     }
 
     /// The switch the analysis sets while it has no open incident.

@@ -7,6 +7,7 @@ pub mod kallsyms;
 pub mod kcmp;
 pub mod kernel;
 pub mod nvml;
+pub mod pace;
 pub mod procfs;
 pub mod replay;
 pub mod stacks;

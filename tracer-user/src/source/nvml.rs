@@ -5,10 +5,7 @@
 //! costs about 10 µs on an H200), so the moment the memory is back is known to the millisecond.
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::Arc,
     thread,
     time::{Duration, Instant},
 };
@@ -17,6 +14,7 @@ use log::warn;
 use nvml_wrapper::{enums::device::UsedGpuMemory, Device, Nvml};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::pace::Pace;
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData, NvmlGpu, NvmlProcess},
@@ -29,18 +27,18 @@ pub const FAST_PERIOD: Duration = Duration::from_millis(1);
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
-    stop: Arc<AtomicBool>,
+    pace: Arc<Pace>,
     thread: Option<thread::JoinHandle<()>>,
     /// Driver version and device names, for the trace header and doctor.
     pub description: String,
 }
 
 impl NvmlSampler {
-    /// Starts sampling into `out`, every `quiet` period, every millisecond while `fast` is set;
-    /// or says why NVML is not available.
+    /// Starts sampling into `out`, every `quiet` period, every millisecond while `pace` is
+    /// fast; or says why NVML is not available.
     pub fn start(
         out: UnboundedSender<Event>,
-        fast: Arc<AtomicBool>,
+        pace: Arc<Pace>,
         quiet: Duration,
     ) -> Result<Self, String> {
         let nvml = Nvml::init().map_err(|e| {
@@ -51,14 +49,13 @@ impl NvmlSampler {
             .map_err(|e| format!("NVML device count: {e}"))?;
         let version = nvml.sys_driver_version().unwrap_or_default();
         let description = format!("NVML driver {version}, {count} device(s)");
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
+        let p = Arc::clone(&pace);
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, quiet, &fast, &s, &out))
+            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
-            stop,
+            pace,
             thread: Some(thread),
             description,
         })
@@ -67,7 +64,7 @@ impl NvmlSampler {
 
 impl Drop for NvmlSampler {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.pace.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -89,8 +86,7 @@ fn sample_loop(
     nvml: &Nvml,
     count: u32,
     quiet: Duration,
-    fast: &AtomicBool,
-    stop: &AtomicBool,
+    pace: &Pace,
     out: &UnboundedSender<Event>,
 ) {
     let devices: Vec<(u32, Device)> = (0..count)
@@ -103,14 +99,10 @@ fn sample_loop(
         })
         .collect();
     let mut last = Instant::now() - quiet;
-    while !stop.load(Ordering::Relaxed) {
-        let period = if fast.load(Ordering::Relaxed) {
-            FAST_PERIOD
-        } else {
-            quiet
-        };
-        if last.elapsed() < period {
-            thread::sleep(FAST_PERIOD.min(period - last.elapsed()));
+    while !pace.is_stopped() {
+        let period = if pace.is_fast() { FAST_PERIOD } else { quiet };
+        if let Some(left) = period.checked_sub(last.elapsed()).filter(|d| !d.is_zero()) {
+            pace.sleep(left);
             continue;
         }
         last = Instant::now();
