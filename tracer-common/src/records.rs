@@ -186,6 +186,8 @@ pub const FD_WALK_TRUNCATED: u32 = 2;
 #[derive(Clone, Copy, Debug)]
 pub struct GpuFd {
     pub op: u32,
+    /// -1 without [`FD_WALK_TRUNCATED`]: an open seen by the driver's open hook, which runs
+    /// before the descriptor is installed (its number comes with the next walk).
     pub fd: i32,
     /// The device number (`i_rdev`, kernel encoding: major << 20 | minor).
     pub dev: u32,
@@ -297,6 +299,10 @@ pub enum DriverFunc {
     NvidiaCloseDeferred = 5,
     /// `nvidia_unlocked_ioctl(struct file *, cmd, arg)`.
     NvidiaUnlockedIoctl = 6,
+    /// `nvidia_open(struct inode *, struct file *)`: an open of /dev/nvidia*.
+    NvidiaOpen = 7,
+    /// `uvm_open_entry(struct inode *, struct file *)`: an open of /dev/nvidia-uvm.
+    UvmOpenEntry = 8,
 }
 
 impl DriverFunc {
@@ -308,6 +314,8 @@ impl DriverFunc {
             4 => Self::UvmReleaseEntry,
             5 => Self::NvidiaCloseDeferred,
             6 => Self::NvidiaUnlockedIoctl,
+            7 => Self::NvidiaOpen,
+            8 => Self::UvmOpenEntry,
             _ => return None,
         })
     }

@@ -17,10 +17,10 @@ use crate::{
 };
 
 #[derive(Clone, Copy)]
-struct Pending {
+pub struct Pending {
     ts: u64,
-    file: u64,
-    dev: u32,
+    pub file: u64,
+    pub dev: u32,
 }
 
 /// Calls under way, by thread and function: a return probe sees no arguments, and a call
@@ -38,12 +38,12 @@ fn key(tid: u32, func: DriverFunc) -> u64 {
     (tid as u64) << 8 | func as u64
 }
 
-fn pending(tid: u32, func: DriverFunc) -> Option<Pending> {
+pub fn pending(tid: u32, func: DriverFunc) -> Option<Pending> {
     // SAFETY: the value is copied out at once.
     unsafe { PENDING.get(key(tid, func)) }.copied()
 }
 
-fn entry(func: DriverFunc, hook: u16, file: u64, dev: u32, value: i64) {
+pub fn entry(func: DriverFunc, hook: u16, file: u64, dev: u32, value: i64) {
     let call = Pending {
         ts: now_ns(),
         file,
@@ -62,7 +62,7 @@ fn entry(func: DriverFunc, hook: u16, file: u64, dev: u32, value: i64) {
 
 /// `any_file`: also record an exit whose entry was not seen (driver functions, which only
 /// ever run for GPU files); `__fput` exits without a GPU entry are everyone else's files.
-fn exit(func: DriverFunc, hook: u16, value: i64, any_file: bool) {
+pub fn exit(func: DriverFunc, hook: u16, value: i64, any_file: bool) {
     let tid = current_ids().1;
     let call = pending(tid, func);
     if call.is_some() {
@@ -116,7 +116,7 @@ pub fn fput_kretprobe(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-fn file_entry(func: DriverFunc, file: u64, value: i64) {
+pub fn file_entry(func: DriverFunc, file: u64, value: i64) {
     entry(func, HOOK_KPROBE, file, file_dev(file), value);
 }
 
@@ -207,26 +207,6 @@ pub fn uvm_release_entry_kretprobe(ctx: RetProbeContext) -> u32 {
         DriverFunc::UvmReleaseEntry,
         HOOK_KPROBE,
         ctx.ret::<i32>() as i64,
-        true,
-    );
-    0
-}
-
-/// `nvidia_unlocked_ioctl(struct file *, unsigned int cmd, unsigned long arg)`.
-#[kprobe]
-pub fn nvidia_unlocked_ioctl_kprobe(ctx: ProbeContext) -> u32 {
-    let file = ctx.arg::<u64>(0).unwrap_or(0);
-    let cmd = ctx.arg::<u32>(1).unwrap_or(0);
-    file_entry(DriverFunc::NvidiaUnlockedIoctl, file, cmd as i64);
-    0
-}
-
-#[kretprobe]
-pub fn nvidia_unlocked_ioctl_kretprobe(ctx: RetProbeContext) -> u32 {
-    exit(
-        DriverFunc::NvidiaUnlockedIoctl,
-        HOOK_KPROBE,
-        ctx.ret::<i64>(),
         true,
     );
     0

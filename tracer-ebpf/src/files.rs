@@ -109,9 +109,14 @@ pub fn fd_installed(ctx: TracePointContext) -> u32 {
 #[unsafe(no_mangle)]
 static SELF_PID: u32 = 0;
 
-fn installed(op: FdOp, fd: u32) {
+/// Whether `tgid` is linger itself.
+pub fn is_self(tgid: u32) -> bool {
     // SAFETY: read-only global filled before load.
-    if current_ids().0 == unsafe { core::ptr::read_volatile(&SELF_PID) } {
+    tgid == unsafe { core::ptr::read_volatile(&SELF_PID) }
+}
+
+fn installed(op: FdOp, fd: u32) {
+    if is_self(current_ids().0) {
         return;
     }
     if let Some((fdt, file, dev)) = gpu_file_at(fd) {

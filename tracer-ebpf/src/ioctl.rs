@@ -57,7 +57,7 @@ fn user<T: Copy + Default>(addr: u64) -> T {
 }
 
 /// Fills the decoded fields from the escape's fixed-size parameter struct.
-fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
+pub fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
     let (mut nr, mut size, mut params) = (ioc_nr(cmd), ioc_size(cmd), arg);
     if nr == IOCTL_XFER_CMD {
         // {u32 cmd, u32 size, u64 ptr}: the real escape and its parameters.

@@ -4,6 +4,7 @@
 
 mod bench;
 mod doctor;
+mod driver_files;
 mod driver_hooks;
 mod emit;
 mod files;

@@ -273,6 +273,8 @@ pub enum DriverFunc {
     UvmReleaseEntry,
     NvidiaCloseDeferred,
     NvidiaUnlockedIoctl,
+    NvidiaOpen,
+    UvmOpenEntry,
 }
 
 impl DriverFunc {
@@ -285,6 +287,8 @@ impl DriverFunc {
             Self::UvmReleaseEntry => "uvm_release_entry",
             Self::NvidiaCloseDeferred => "nvidia_close_deferred",
             Self::NvidiaUnlockedIoctl => "nvidia_unlocked_ioctl",
+            Self::NvidiaOpen => "nvidia_open",
+            Self::UvmOpenEntry => "uvm_open_entry",
         }
     }
 }
@@ -299,6 +303,8 @@ impl From<tracer_common::DriverFunc> for DriverFunc {
             K::UvmReleaseEntry => Self::UvmReleaseEntry,
             K::NvidiaCloseDeferred => Self::NvidiaCloseDeferred,
             K::NvidiaUnlockedIoctl => Self::NvidiaUnlockedIoctl,
+            K::NvidiaOpen => Self::NvidiaOpen,
+            K::UvmOpenEntry => Self::UvmOpenEntry,
         }
     }
 }
@@ -340,6 +346,10 @@ pub struct Strategy {
     /// hooks); what cannot be seen then is in `unseen`.
     #[serde(default)]
     pub lean: bool,
+    /// Opens and ioctls of GPU files come from the driver's own functions (kprobes), and no
+    /// system call tracepoint is attached; what cannot be seen then is in `unseen`.
+    #[serde(default)]
+    pub by_driver: bool,
     #[serde(default)]
     pub unseen: Vec<String>,
     /// Every hook the collector attached: `tp_btf/sched_process_fork`,
@@ -350,10 +360,17 @@ pub struct Strategy {
 
 /// What `--lean` gives up, and how the answer is still obtained.
 pub const LEAN_UNSEEN: [&str; 4] = [
-    "GPU ioctls: no allocation ledger, no collateral (refused allocations), imports known from      NVML's figures only",
-    "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's      process list (a /proc look at each new pid), forks, and the exec and exit walks of their      descriptor tables",
+    "GPU ioctls: no allocation ledger, no collateral (refused allocations), imports known from NVML's figures only",
+    "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's process list (a /proc look at each new pid), forks, and the exec and exit walks of their descriptor tables",
     "wait4: the reap is the kernel freeing the task, an upper bound",
-    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at      the signal",
+    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at the signal",
+];
+
+/// What the driver's hooks do not see in place of the system call tracepoints.
+pub const BY_DRIVER_UNSEEN: [&str; 2] = [
+    "dups and closes of GPU descriptors: a process that closed its descriptor while the file \
+     lives on elsewhere counts as holding it until its next exec or exit walk",
+    "wait4: the reap is the kernel freeing the task, an upper bound",
 ];
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -36,6 +36,19 @@ pub fn linger() -> Result<PathBuf> {
     Ok(workspace_root().join("target/release/linger"))
 }
 
+/// Builds one program of the linger-tests package and returns its path.
+pub fn test_bin(name: &str) -> Result<PathBuf> {
+    setup::status(cargo()?.args([
+        "build",
+        "--release",
+        "--package",
+        "linger-tests",
+        "--bin",
+        name,
+    ]))?;
+    Ok(workspace_root().join("target/release").join(name))
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let bin = linger()?;
     setup::status(Command::new(bin).args(args))

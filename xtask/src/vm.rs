@@ -1,7 +1,8 @@
 //! `cargo xtask vm`: the driver-hooks strategies tested on a stock kernel. This machine's kernel
 //! refuses fentry and has no kprobes, so Debian's 6.1 kernel boots under qemu (TCG; KVM hangs
 //! here) with a busybox initramfs holding the release `linger` and a stand-in NVIDIA driver
-//! module; `init.sh` runs doctor and one kill scenario per strategy and prints the results on
+//! module; `init.sh` runs doctor, one kill scenario per forced strategy and one with the default
+//! strategy (the driver's hooks instead of system call tracepoints), and prints the results on
 //! the serial console, checked here.
 
 mod checks;
@@ -50,9 +51,10 @@ pub fn run() -> Result<(u64, u64)> {
     ensure_packages()?;
     let kernel = stock_kernel()?;
     let linger = build::linger()?;
+    let gpu_process = build::test_bin("linger-vm-gpu")?;
     let dir = build::workspace_root().join("target/vm");
     let module = standin::build(&dir, &kernel)?;
-    let initramfs = image::build(&dir, &linger, &module)?;
+    let initramfs = image::build(&dir, &[linger, gpu_process], &module)?;
     let started = Instant::now();
     eprintln!("xtask vm: booting {} under qemu (TCG)", kernel.release);
     let console = boot(&kernel.vmlinuz, &initramfs, &dir.join("console.log"))?;

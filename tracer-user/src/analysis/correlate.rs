@@ -129,6 +129,8 @@ pub struct Correlator {
     self_pid: Option<u32>,
     /// `--lean`: opens are not traced, so a process not known to hold GPU files may.
     pub(super) lean: bool,
+    /// What the strategy could not see, for the incidents of GPU processes.
+    pub(super) unseen: Vec<String>,
     pub(super) cases: BTreeMap<u64, Case>,
     /// Live processes with a case.
     alive: HashMap<u32, u64>,
@@ -164,7 +166,10 @@ impl Correlator {
         self.losses.on_event(e);
         match &e.data {
             EventData::Collector { pid } => self.self_pid = Some(*pid),
-            EventData::Strategy(s) => self.lean = s.lean,
+            EventData::Strategy(s) => {
+                self.lean = s.lean;
+                self.unseen = s.unseen.clone();
+            }
             EventData::SignalGenerate {
                 sig,
                 code,

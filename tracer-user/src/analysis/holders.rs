@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 
 use super::memory::ImportVia;
-use crate::event::{Event, EventData, FdOp, ProcInfo};
+use crate::event::{DriverFunc, Event, EventData, FdOp, ProcInfo};
 
 /// Kernel address of a `struct file`, or a snapshot group id until that address is known.
 pub type FileId = u64;
@@ -163,6 +163,11 @@ impl Holders {
                 if *truncated {
                     return;
                 }
+                if *fd < 0 {
+                    // The driver's open hook: the descriptor is not installed yet.
+                    self.opened_by_driver(e, *file, *dev);
+                    return;
+                }
                 let file = self.learn(e.pid, *fd, *file);
                 let how = match op {
                     FdOp::Open => How::Open { t_ns: e.ts_ns },
@@ -184,6 +189,16 @@ impl Holders {
                             .or(closed)
                             .filter(|old| old.file == file)
                             .map(|old| old.how);
+                        // A walk names the descriptor a driver-seen open got.
+                        let unnumbered = p
+                            .fds
+                            .iter()
+                            .find(|(n, f)| **n < 0 && f.file == file)
+                            .map(|(n, f)| (*n, f.how));
+                        let keep = keep.or(unnumbered.map(|(_, how)| how));
+                        if let Some((n, _)) = unnumbered {
+                            p.fds.remove(&n);
+                        }
                         p.fds.insert(
                             *fd,
                             Fd {
@@ -238,6 +253,18 @@ impl Holders {
                     },
                 );
             }
+            EventData::DriverCall {
+                func: DriverFunc::Fput,
+                exit: false,
+                file,
+                ..
+            } if *file != 0 => {
+                // The last reference is gone: nobody holds the file any more (what closes
+                // were not traced leave behind).
+                for p in self.procs.values_mut() {
+                    p.fds.retain(|_, f| f.file != *file);
+                }
+            }
             EventData::ProcInfo(info) => {
                 let p = self.procs.entry(info.pid).or_default();
                 p.comm = info.comm.clone();
@@ -274,6 +301,22 @@ impl Holders {
                 })
                 .unwrap_or_default(),
         }
+    }
+
+    /// An open seen by the driver's hook, before its descriptor exists: held under a number
+    /// below -1 (one per open) until a walk of the table names the real one.
+    fn opened_by_driver(&mut self, e: &Event, file: FileId, dev: u32) {
+        let p = self.procs.entry(e.pid).or_default();
+        let key = p.fds.keys().next().map_or(-2, |&n| n.min(-1) - 1);
+        p.fds.insert(
+            key,
+            Fd {
+                file,
+                dev,
+                cloexec: false,
+                how: How::Open { t_ns: e.ts_ns },
+            },
+        );
     }
 
     /// The first record of a process after its exec walk ends the walk: what it did not list
@@ -326,7 +369,7 @@ impl Holders {
                     pid,
                     comm: p.comm.clone(),
                     ppid: p.ppid,
-                    fds: held.iter().map(|(n, _)| **n).collect(),
+                    fds: held.iter().map(|(n, _)| **n).filter(|n| *n >= 0).collect(),
                     how: first.how,
                     t_released_ns: None,
                 })
@@ -435,5 +478,58 @@ mod tests {
         // The walk lists nothing: the descriptor was closed on exec after all.
         h.on_event(&ev(11, 4, EventData::BenchTick));
         assert!(h.holders_of(&[file], 10).is_empty());
+    }
+
+    fn fput(file: u64) -> EventData {
+        EventData::DriverCall {
+            func: DriverFunc::Fput,
+            exit: false,
+            hook: crate::event::HookKind::Kprobe,
+            file,
+            dev: 7,
+            value: 0,
+            duration_ns: 0,
+        }
+    }
+
+    /// The driver's open hook sees no descriptor number: two opens are both held, a child
+    /// inherits them, the exec walk numbers them, and `__fput` of one forgets it everywhere.
+    #[test]
+    fn driver_opens_are_held_until_a_walk_numbers_them_and_fput_forgets_them() {
+        let mut h = Holders::default();
+        let (a, b) = (0xffff_0000_0000_3000, 0xffff_0000_0000_4000);
+        h.on_event(&ev(10, 1, fd(FdOp::Open, -1, a)));
+        h.on_event(&ev(10, 2, fd(FdOp::Open, -1, b)));
+        assert!(h.holds_gpu_files(10));
+        h.on_event(&ev(
+            10,
+            3,
+            EventData::Fork {
+                child_pid: 11,
+                files_shared: false,
+                comm: "c".into(),
+            },
+        ));
+        let held = h.holders_of(&[a, b], 10);
+        assert_eq!(held.len(), 1);
+        assert!(held[0].fds.is_empty(), "no number is made up: {held:?}");
+        h.on_event(&ev(11, 4, EventData::Exec { comm: "c".into() }));
+        h.on_event(&ev(11, 5, fd(FdOp::HeldAtExec, 4, a)));
+        h.on_event(&ev(11, 5, fd(FdOp::HeldAtExec, 5, b)));
+        h.on_event(&ev(11, 6, EventData::BenchTick));
+        let held = h.holders_of(&[a, b], 10);
+        assert_eq!(held[0].fds, vec![4, 5]);
+        assert_eq!(held[0].how, How::Fork { from: 10, t_ns: 3 });
+        h.on_event(&ev(0, 7, fput(a)));
+        assert_eq!(
+            h.holders_of(&[a], 0).len(),
+            0,
+            "nobody holds a released file"
+        );
+        assert_eq!(
+            h.holders_of(&[b], 0).len(),
+            2,
+            "the other file is still held"
+        );
     }
 }

@@ -75,7 +75,8 @@ pub struct Incident {
     pub lingering: bool,
     /// For updates: what changed since the last record of this incident.
     pub changes: Vec<String>,
-    /// With `--lean`: what linger could not see for this incident, and how it still knows.
+    /// With `--lean` or the driver's hooks in place of the system call tracepoints: what
+    /// linger could not see for this incident, and how it still knows.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unseen: Vec<String>,
     /// The teardown's kernel stacks (outermost frame first) with the time each accounts for:

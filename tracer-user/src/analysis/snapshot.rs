@@ -2,8 +2,6 @@
 //! (the mode, the memory's return and who decided it, phases, verdict), computed anew for each
 //! report.
 
-use crate::event::LEAN_UNSEEN;
-
 use super::{
     correlate::{Case, Correlator, Reported},
     holders::{Holder, How},
@@ -130,8 +128,8 @@ impl Correlator {
                 .collect();
             inc.storm = self.storms.view(id, &mine, &open);
         }
-        if self.lean && c.gpu {
-            inc.unseen = LEAN_UNSEEN.iter().map(|s| s.to_string()).collect();
+        if c.gpu {
+            inc.unseen = self.unseen.clone();
         }
         let from = c.signals.first().map_or(inc.t_signal_ns, |s| s.t_ns);
         inc.losses = self.losses.between(from, now);

@@ -296,7 +296,10 @@ impl TeardownLog {
                     *by.entry(Phase::RmClient).or_default() += ns
                 }
                 DriverFunc::Fput => fput += ns,
-                DriverFunc::RmCleanupFilePrivate | DriverFunc::NvidiaUnlockedIoctl => continue,
+                DriverFunc::RmCleanupFilePrivate
+                | DriverFunc::NvidiaUnlockedIoctl
+                | DriverFunc::NvidiaOpen
+                | DriverFunc::UvmOpenEntry => continue,
             }
             if c.func != DriverFunc::Fput {
                 inside += ns;

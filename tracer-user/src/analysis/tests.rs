@@ -585,6 +585,7 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
         0.0,
         EventData::Strategy(crate::event::Strategy {
             lean: true,
+            unseen: crate::event::LEAN_UNSEEN.map(String::from).to_vec(),
             ..Default::default()
         }),
     );

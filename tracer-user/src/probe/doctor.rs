@@ -69,6 +69,7 @@ pub fn run() -> Report {
             // The real selection, as `live` makes it (auto never fails).
             driver_hooks =
                 strategy::attach(&mut ebpf, DriverHooks::Auto, btf.as_ref()).unwrap_or_default();
+            driver_hooks.by_driver = strategy::driver_answers(&driver_hooks);
             for name in [
                 "tracepoint",
                 "tp_btf",

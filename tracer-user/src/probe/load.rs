@@ -11,7 +11,7 @@ use log::debug;
 use super::{devices::GpuDevices, offsets, sampling::Sampler, strategy, tracefs, EBPF_OBJECT};
 use crate::{
     error::{Error, Result},
-    event::{DriverHooks, Strategy, LEAN_UNSEEN},
+    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN},
     privileges,
 };
 
@@ -149,9 +149,20 @@ impl Probes {
             probes.attach_tracepoint("oom_victim", "oom", "mark_victim")?;
         }
         probes.fill_gpu_devices(&config.gpu_devices)?;
+        probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
+        // The driver's own open and ioctl entries replace the system call tracepoints where
+        // they are hooked, unless a declared `--gpu-device` (no driver behind it) needs them.
+        let by_driver = !config.lean
+            && config.gpu_devices.devs.is_empty()
+            && strategy::driver_answers(&probes.strategy);
+        if by_driver {
+            probes.set_driver_answers()?;
+            probes.strategy.by_driver = true;
+            probes.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+        }
         // Any system call tracepoint sends every system call of every task through the slow
-        // path: --lean attaches none.
-        let syscall_hooks: &[(&str, &[&str])] = if config.lean {
+        // path: --lean and the driver's hooks attach none.
+        let syscall_hooks: &[(&str, &[&str])] = if config.lean || by_driver {
             &[]
         } else {
             &[
@@ -177,7 +188,7 @@ impl Probes {
         for &(program, syscalls) in syscall_hooks {
             probes.attach_syscalls(program, syscalls)?;
         }
-        if config.ioctls && !config.lean {
+        if config.ioctls && !config.lean && !by_driver {
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
@@ -188,7 +199,6 @@ impl Probes {
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }
-        probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
         if config.lean {
             probes.strategy.lean = true;
             probes.strategy.unseen = LEAN_UNSEEN.iter().map(|s| s.to_string()).collect();
@@ -267,6 +277,17 @@ impl Probes {
             });
         }
         Ok(())
+    }
+
+    /// Tells the driver's open and ioctl programs that they answer for the system call hooks.
+    fn set_driver_answers(&mut self) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut("DRIVER_ANSWERS")
+            .ok_or_else(|| Error::Load("map DRIVER_ANSWERS missing".into()))?;
+        let mut answers: Array<_, u32> =
+            Array::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
+        answers.set(0, 1, 0).map_err(|e| Error::Load(e.to_string()))
     }
 
     /// Tells the programs which devices are GPU files, and who held them before we started.

@@ -24,6 +24,16 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         Some(HookKind::Kprobe) => "kprobe/kretprobe on __fput of GPU files (exact)",
         None => "the zombie transition (SIGCHLD), an upper bound",
     };
+    // Where the driver's opens and ioctl entry are hooked, they replace every system call
+    // tracepoint in the default mode.
+    let by_driver = strategy.by_driver;
+    let pick = |driver: &'static str, syscalls: &'static str| {
+        if by_driver {
+            driver
+        } else {
+            syscalls
+        }
+    };
     let q = |question, default: &str, lean: &str, cost| Question {
         question,
         default: default.to_string(),
@@ -45,26 +55,47 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "reaping",
-            "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
-             tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)",
+            pick(
+                "tp_btf/sched_process_free (an RCU grace period after the reap: an upper \
+                 bound)",
+                "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
+                 tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)",
+            ),
             "tp_btf/sched_process_free only (an upper bound)",
-            "a system call tracepoint: every system call of every process takes the slow \
-             path while it is attached (the syscall tax, BENCHMARKS.md)",
+            pick(
+                "fires once per process",
+                "a system call tracepoint: every system call of every process takes the slow \
+                 path while it is attached (the syscall tax, BENCHMARKS.md)",
+            ),
         ),
         q(
             "who holds GPU files",
-            "tracepoints syscalls/sys_exit_open*, _dup*, _fcntl, _close, _close_range (exits \
-             only); tp_btf fork, exec and exit walks; the start-up snapshot",
+            pick(
+                "kprobes on nvidia_open and uvm_open_entry (the driver's opens); tp_btf fork, \
+                 exec and exit walks; the start-up snapshot; closes unseen (__fput and the \
+                 walks correct them)",
+                "tracepoints syscalls/sys_exit_open*, _dup*, _fcntl, _close, _close_range \
+                 (exits only); tp_btf fork, exec and exit walks; the start-up snapshot",
+            ),
             "the start-up snapshot, NVML's process list (a /proc look at each new pid), tp_btf \
              fork, exec and exit walks",
-            "system call tracepoints (the syscall tax); linger's programs run for those calls \
-             only and stop non-holders at one map lookup",
+            pick(
+                "the driver hooks fire for GPU files only",
+                "system call tracepoints (the syscall tax); linger's programs run for those \
+                 calls only and stop non-holders at one map lookup",
+            ),
         ),
         q(
             "GPU ioctls (allocation ledger, imports, refused allocations)",
-            "tracepoint syscalls/sys_exit_ioctl (no duration: no entry hook)",
+            pick(
+                "kprobe/kretprobe on nvidia_unlocked_ioctl (decoded at its return, timed)",
+                "tracepoint syscalls/sys_exit_ioctl (no duration: no entry hook)",
+            ),
             "not seen: imports from NVML's figures only, no ledger or collateral",
-            "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
+            pick(
+                "the driver hooks fire for GPU ioctls only",
+                "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
+            ),
         ),
         q(
             "where a teardown spends its time",

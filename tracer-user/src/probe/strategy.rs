@@ -16,15 +16,40 @@ use crate::{
     event::{DriverFunc, DriverHooks, HookKind, Strategy},
 };
 
-/// The driver's functions on the release path (and its ioctl entry), hooked by kprobes. fentry
-/// is not an option for them: it needs the module's BTF, which aya 0.14 cannot attach to.
-const DRIVER_FUNCS: [DriverFunc; 5] = [
+/// The driver's functions on the release path, its open and ioctl entries, hooked by kprobes.
+/// fentry is not an option for them: it needs the module's BTF, which aya 0.14 cannot attach
+/// to.
+const DRIVER_FUNCS: [DriverFunc; 7] = [
     DriverFunc::NvidiaClose,
     DriverFunc::RmCleanupFilePrivate,
     DriverFunc::NvidiaCloseDeferred,
     DriverFunc::UvmReleaseEntry,
     DriverFunc::NvidiaUnlockedIoctl,
+    DriverFunc::NvidiaOpen,
+    DriverFunc::UvmOpenEntry,
 ];
+
+/// The functions that answer opens and ioctls of GPU files in place of the system call
+/// tracepoints; `__fput` must be hooked too, for the releases.
+const ANSWERING: [DriverFunc; 3] = [
+    DriverFunc::NvidiaOpen,
+    DriverFunc::UvmOpenEntry,
+    DriverFunc::NvidiaUnlockedIoctl,
+];
+
+/// Whether the hooks attached answer every open and ioctl of the driver's files, so that no
+/// system call tracepoint is needed: `__fput` hooked, and the open and ioctl entries of every
+/// driver module loaded (UVM's open only where nvidia-uvm is loaded).
+pub fn driver_answers(s: &Strategy) -> bool {
+    let uvm = fs::read_to_string("/proc/modules")
+        .map(|m| m.lines().any(|l| l.starts_with("nvidia_uvm ")))
+        .unwrap_or(false);
+    s.fput.is_some()
+        && ANSWERING
+            .iter()
+            .filter(|f| uvm || **f != DriverFunc::UvmOpenEntry)
+            .all(|f| s.driver_functions.iter().any(|h| h == f.symbol()))
+}
 
 /// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
 /// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
@@ -82,6 +107,12 @@ pub fn describe(s: &Strategy) -> String {
     let hooks = hooks_of(s);
     if s.lean {
         return format!("lean (no system call tracepoint): {hooks}");
+    }
+    if s.by_driver {
+        return format!(
+            "no system call tracepoint, opens and ioctls of GPU files from the driver's own \
+             functions: {hooks}"
+        );
     }
     hooks
 }

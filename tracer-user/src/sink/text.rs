@@ -335,12 +335,17 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
         let released = h.t_released_ns.map_or(String::new(), |t| {
             format!("; let go at +{}", ms(inc.ms_after_signal(t)))
         });
+        // The driver's open hook sees the file before its descriptor number exists.
+        let fds = if h.fds.is_empty() {
+            "its files (descriptor numbers not seen)".to_string()
+        } else {
+            format!("fds {}", fd_ranges(&h.fds))
+        };
         let _ = writeln!(
             s,
-            "{INDENT}holder {}[{}] ({how}; {parent}) holds fds {}{released}",
+            "{INDENT}holder {}[{}] ({how}; {parent}) holds {fds}{released}",
             e(&h.comm),
             h.pid,
-            fd_ranges(&h.fds)
         );
     }
 }

@@ -1,13 +1,15 @@
-//! What the guest must have printed: doctor finds fentry and kprobes usable, and each forced
+//! What the guest must have printed: doctor finds fentry and kprobes usable; each forced
 //! strategy times `__fput` of the stand-in GPU file on the close path and on the exit path of
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
-//! thread, both naming the `struct file` its GpuFd records name.
+//! thread, both naming the `struct file` its GpuFd records name; and the default strategy
+//! needs no system call tracepoint (by_driver.rs).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::MARK;
 
+mod by_driver;
 mod driver;
 
 /// /tmp/gpu0, a node of /dev/full's number (char 1:7), in the kernel's dev_t encoding.
@@ -21,6 +23,7 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
         ("doctor", doctor(&guest)),
         ("fentry", scenario(&guest, "fentry")),
         ("kprobe", scenario(&guest, "kprobe")),
+        ("by-driver", by_driver::check(&guest)),
     ];
     let mut counts = (0, 0);
     for (name, result) in results {
@@ -104,6 +107,19 @@ fn doctor(guest: &Guest) -> Result<()> {
     }
     if report["driver_hooks"]["fput"] != "fentry" {
         bail!("doctor on the stock kernel did not choose fentry: {report}");
+    }
+    let holders = report["questions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|q| q["question"] == "who holds GPU files");
+    let by_open = holders.is_some_and(|q| {
+        q["default"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("kprobes on nvidia_open"))
+    });
+    if report["driver_hooks"]["by_driver"] != true || !by_open {
+        bail!("doctor on the stock kernel does not answer through the driver's hooks: {report}");
     }
     eprintln!("xtask vm: doctor: {}", report["strategy"]);
     Ok(())

@@ -1,5 +1,6 @@
-//! The guest's initramfs: busybox, the release `linger` (stripped) with the libraries `ldd`
-//! names, the stand-in driver module, and `init.sh` as /init.
+//! The guest's initramfs: busybox, the release `linger` and the scenario's GPU process
+//! (stripped) with the libraries `ldd` names, the stand-in driver module, and `init.sh` as
+//! /init.
 
 use std::{
     fs,
@@ -12,7 +13,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::setup;
 
-pub fn build(dir: &Path, linger: &Path, module: &Path) -> Result<PathBuf> {
+/// `programs` land in the guest's root under their file names.
+pub fn build(dir: &Path, programs: &[PathBuf], module: &Path) -> Result<PathBuf> {
     let root = dir.join("root");
     if root.exists() {
         fs::remove_dir_all(&root).with_context(|| format!("clearing {}", root.display()))?;
@@ -23,17 +25,22 @@ pub fn build(dir: &Path, linger: &Path, module: &Path) -> Result<PathBuf> {
     let busybox = setup::which("busybox").context("busybox not found after installing it")?;
     fs::copy(&busybox, root.join("bin/busybox"))
         .with_context(|| format!("copying {}", busybox.display()))?;
-    // Debug info is most of the binary; the guest loads it into RAM.
-    let stripped = root.join("linger");
-    let strip = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(linger)
-        .status();
-    if !strip.is_ok_and(|s| s.success()) {
-        fs::copy(linger, &stripped)?;
+    let mut needing_libraries = vec![busybox.clone()];
+    for program in programs {
+        let name = program.file_name().context("program without a name")?;
+        // Debug info is most of the binary; the guest loads it into RAM.
+        let stripped = root.join(name);
+        let strip = Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(program)
+            .status();
+        if !strip.is_ok_and(|s| s.success()) {
+            fs::copy(program, &stripped)?;
+        }
+        needing_libraries.push(program.clone());
     }
-    for bin in [linger, busybox.as_path()] {
+    for bin in &needing_libraries {
         for lib in libraries(bin)? {
             let to = root.join(lib.strip_prefix("/").unwrap_or(&lib));
             fs::create_dir_all(to.parent().context("library path without a parent")?)?;

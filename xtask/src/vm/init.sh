@@ -71,5 +71,35 @@ for mode in fentry kprobe; do
     tagged $mode-replay-out /tmp/replay.out
     tagged $mode-replay-err /tmp/replay.err
 done
+# The stock kernel's default strategy (no --gpu-device: the driver's own open and ioctl
+# entries answer instead of system call tracepoints). A GPU process opens nvidia0 and
+# nvidia-uvm, allocates 1 GiB through RM_ALLOC, forks a child that keeps its files and is
+# SIGKILLed; then the child is, and its exit releases the files (the UVM release sleeps).
+rm -f /tmp/live.* /tmp/held
+/linger live --json --events --no-nvml --duration 120s --record /tmp/live.trace \
+    > /tmp/live.out 2> /tmp/live.err &
+live=$!
+if await /tmp/live.err "linger: tracing" 1200; then
+    /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held &
+    gpu=$!
+    await /tmp/held held 300
+    child=$(sed -n 's/^held //p' /tmp/held)
+    say driver-holder $gpu
+    say driver-child $child
+    kill -9 $gpu
+    wait $gpu
+    sleep 1
+    kill -9 $child
+    sleep 2
+    kill -INT $live
+fi
+wait $live
+say driver-exit $?
+tagged driver-out /tmp/live.out
+tagged driver-err /tmp/live.err
+/linger replay /tmp/live.trace --json --events > /tmp/replay.out 2> /tmp/replay.err
+say driver-replay-exit $?
+tagged driver-replay-out /tmp/replay.out
+tagged driver-replay-err /tmp/replay.err
 say done
 poweroff -f

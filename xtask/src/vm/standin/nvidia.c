@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * A stand-in for the NVIDIA driver's release path, for linger's VM test (`cargo xtask vm`):
+ * A stand-in for the NVIDIA driver's entry points, for linger's VM test (`cargo xtask vm`):
  * char major 195 as "nvidia" and a dynamic major as "nvidia-uvm", with the real driver's
- * function names so linger's kprobes attach by name. The RM cleanup and the UVM release sleep
- * `delay_ms` (a slow teardown); closes of minor 1 are handed to a worker through
- * nvidia_close_deferred, as the real driver does when it cannot take its locks at close.
+ * function names so linger's kprobes attach by name: opens, the ioctl entry and the release
+ * path. The RM cleanup and the UVM release sleep `delay_ms` (a slow teardown); closes of
+ * minor 1 are handed to a worker through nvidia_close_deferred, as the real driver does when
+ * it cannot take its locks at close.
  */
 #include <linux/delay.h>
 #include <linux/fs.h>
+#include <linux/ioctl.h>
 #include <linux/module.h>
 #include <linux/slab.h>
 #include <linux/workqueue.h>
@@ -71,9 +73,11 @@ STANDIN int nvidia_close(struct inode *inode, struct file *file)
 	return 0;
 }
 
+/* The RM's escapes ('F') succeed without doing anything: their parameters, and the status
+ * the caller set in them, are what linger decodes. Anything else is not ours. */
 STANDIN long nvidia_unlocked_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
-	return -ENOTTY;
+	return _IOC_TYPE(cmd) == 'F' ? 0 : -ENOTTY;
 }
 
 STANDIN int uvm_release_entry(struct inode *inode, struct file *file)
@@ -82,7 +86,7 @@ STANDIN int uvm_release_entry(struct inode *inode, struct file *file)
 	return 0;
 }
 
-static int uvm_open(struct inode *inode, struct file *file)
+STANDIN int uvm_open_entry(struct inode *inode, struct file *file)
 {
 	return 0;
 }
@@ -96,7 +100,7 @@ static const struct file_operations nvidia_fops = {
 
 static const struct file_operations uvm_fops = {
 	.owner = THIS_MODULE,
-	.open = uvm_open,
+	.open = uvm_open_entry,
 	.release = uvm_release_entry,
 };
 

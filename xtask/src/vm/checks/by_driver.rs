@@ -1,0 +1,114 @@
+//! The stock kernel's default strategy: the driver's own open and ioctl entries answer in place
+//! of system call tracepoints, and the holders, the ledger and the release are still right.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::Guest;
+
+const NVIDIA0: u64 = 195 << 20;
+/// What the scenario's GPU process allocates (init.sh).
+const GIB: u64 = 1 << 30;
+const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
+/// The driver hooks that replace the system call tracepoints.
+const ANSWERING: [&str; 3] = ["nvidia_open", "uvm_open_entry", "nvidia_unlocked_ioctl"];
+
+pub fn check(guest: &Guest) -> Result<()> {
+    guest.succeeded("driver")?;
+    let holder: u64 = guest.one("driver-holder")?.parse()?;
+    let child: u64 = guest.one("driver-child")?.parse()?;
+    let out = guest.json("driver-out")?;
+    let events: Vec<&Value> = out
+        .iter()
+        .filter(|l| l["type"] == "event")
+        .map(|l| &l["event"])
+        .collect();
+    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| {
+        events
+            .iter()
+            .copied()
+            .find(|e| pred(e))
+            .with_context(|| format!("no {what} event"))
+    };
+    let strategy = &find("strategy", &|e| e["data"]["kind"] == "strategy")?["data"];
+    if strategy["by_driver"] != true {
+        bail!("the default strategy does not answer through the driver's hooks: {strategy}");
+    }
+    let hooks = strategy["hooks"]
+        .as_array()
+        .context("strategy without hooks")?;
+    if let Some(syscall) = hooks.iter().find(|h| {
+        h.as_str()
+            .is_some_and(|h| h.starts_with("tracepoint/syscalls/"))
+    }) {
+        bail!("the default strategy attached {syscall}: {strategy}");
+    }
+    let hooked = strategy["driver_functions"]
+        .as_array()
+        .context("strategy without driver_functions")?;
+    if let Some(missing) = ANSWERING.iter().find(|f| !hooked.iter().any(|h| h == *f)) {
+        bail!("{missing} is not hooked: {strategy}");
+    }
+    // Its opens, seen inside the driver before the descriptor exists.
+    find("driver open of nvidia0", &|e| {
+        let d = &e["data"];
+        e["pid"] == holder
+            && d["kind"] == "gpu_fd"
+            && d["op"] == "open"
+            && d["fd"] == -1
+            && d["dev"] == NVIDIA0
+    })?;
+    // The ledger: the allocation, decoded at the driver's return.
+    find("RM_ALLOC of 1 GiB", &|e| {
+        let d = &e["data"];
+        e["pid"] == holder
+            && d["kind"] == "gpu_ioctl"
+            && d["h_class"] == NV01_MEMORY_LOCAL_USER
+            && d["size"] == GIB
+            && d["status"] == 0
+    })?;
+    let incidents = last_incidents(&out);
+    let parent = incidents
+        .get(&holder)
+        .with_context(|| format!("no incident for the GPU process {holder}"))?;
+    let kept = parent["holders"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|h| h["pid"] == child && h["how"] == "fork");
+    if kept.is_none_or(|h| h["t_released_ns"].as_u64().is_none()) {
+        bail!("the parent's incident does not name the forked child {child} and its release");
+    }
+    if parent["gpu"]["bytes_ledger"] != GIB {
+        bail!("the parent's ledger is not its 1 GiB: {}", parent["gpu"]);
+    }
+    let own = incidents
+        .get(&child)
+        .with_context(|| format!("no incident for the child {child}"))?;
+    if own["gpu"]["files_released_by"] != "fput" {
+        bail!(
+            "the child's release is not the hooked __fput: {}",
+            own["gpu"]
+        );
+    }
+    guest.succeeded("driver-replay")?;
+    if last_incidents(&guest.json("driver-replay-out")?) != incidents {
+        bail!("the replay's incidents differ from live's");
+    }
+    eprintln!(
+        "xtask vm:   no system call tracepoint; holder, 1 GiB ledger and release from the \
+         driver's hooks"
+    );
+    Ok(())
+}
+
+/// The last version of each target's incident.
+fn last_incidents(lines: &[Value]) -> BTreeMap<u64, Value> {
+    lines
+        .iter()
+        .filter(|l| matches!(l["type"].as_str(), Some("incident" | "incident_update")))
+        .filter_map(|l| Some((l["target"]["pid"].as_u64()?, l.clone())))
+        .collect()
+}
