@@ -22,7 +22,7 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
 
 /// Thread groups that received a fatal signal, and GPU holders whose group died, until they are
-/// freed: their thread exits, signal deliveries, SIGCHLD to the parent and reap are recorded.
+/// reaped: their thread exits, signal deliveries, SIGCHLD to the parent and reap are recorded.
 /// Value: unused.
 #[map]
 pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);

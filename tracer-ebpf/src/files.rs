@@ -13,6 +13,7 @@ use crate::{
     emit::{count_loss, current_ids, emit},
     regs::syscall_args,
     task::{file_dev, file_refcount, FdTable, Task},
+    teardown::is_dying,
 };
 
 /// Char majors whose every minor is a GPU file (nvidia, nvidia-uvm, nvidia-caps). Filled by
@@ -108,6 +109,18 @@ pub fn fd_installed(ctx: TracePointContext) -> u32 {
 /// linger's own pid: its NVML use opens nvidiactl, which is not a GPU holder to follow.
 #[unsafe(no_mangle)]
 static SELF_PID: u32 = 0;
+
+/// `--lean`: no open is traced, so any process may be a GPU process.
+#[unsafe(no_mangle)]
+static LEAN: u32 = 0;
+
+/// Whether a record about `tgid` wakes the collector at once: GPU processes' records start
+/// NVML's fast readings and the teardown's sampling; everyone else's wait for the next tick
+/// (20 ms), which keeps wake-ups off kill storms of processes that never touched a GPU.
+pub fn urgent(tgid: u32) -> bool {
+    // SAFETY: read-only global filled before load.
+    is_holder(tgid) || is_dying(tgid) || unsafe { core::ptr::read_volatile(&LEAN) } != 0
+}
 
 /// Whether `tgid` is linger itself.
 pub fn is_self(tgid: u32) -> bool {

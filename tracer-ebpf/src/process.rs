@@ -11,7 +11,7 @@ use tracer_common::{
 
 use crate::{
     emit::{emit, emit_waking, is_tracked, track, TRACKED},
-    files::{add_holder, is_holder, walk, HOLDERS},
+    files::{add_holder, is_holder, urgent, walk, HOLDERS},
     task::Task,
     teardown::{start_dying, stop_dying},
 };
@@ -68,8 +68,9 @@ fn task_exit(task: Task, group_dead: bool) {
         track(tgid);
         start_dying(tgid);
     }
-    // Exits of processes nobody signalled only keep the process table: no need to wake.
-    emit_waking::<TaskExit>(is_tracked(tgid), |e| {
+    // Exits of processes nobody signalled only keep the process table, and those of
+    // processes without GPU files can wait for the next tick: no need to wake.
+    emit_waking::<TaskExit>(is_tracked(tgid) && urgent(tgid), |e| {
         e.exit_code = task.exit_code();
         e.group_dead = group_dead as u32;
         e.comm = task.comm();
@@ -133,10 +134,9 @@ pub fn oom_victim(ctx: TracePointContext) -> i32 {
 }
 
 fn reaped(pid: u32, how: ReapHow) {
-    if how == ReapHow::Freed {
-        let _ = TRACKED.remove(pid);
-    }
-    emit::<Reap>(|e| {
+    // The first reap is the one that counts: after a wait, the task's free has nothing to add.
+    let _ = TRACKED.remove(pid);
+    emit_waking::<Reap>(urgent(pid), |e| {
         e.reaped_pid = pid;
         e.how = how as u32;
         e.comm = bpf_get_current_comm().unwrap_or_default();

@@ -9,8 +9,8 @@ use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
-    emit::{current_ids, emit, is_tracked, track},
-    files::is_holder,
+    emit::{current_ids, emit_waking, is_tracked, track},
+    files::{is_holder, urgent},
     task::Task,
     teardown::start_dying,
 };
@@ -77,7 +77,8 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     }
     // SAFETY: bpf_get_current_task returns the running task, valid for this program's run.
     let sender = Task(unsafe { bpf_get_current_task() } as *const u8);
-    emit::<SignalGenerate>(|e| {
+    let about = if fatal { target_pid } else { sender_pid };
+    emit_waking::<SignalGenerate>(urgent(about), |e| {
         e.sig = sig;
         e.code = si_code(info);
         e.result = result;
@@ -108,7 +109,7 @@ pub fn signal_deliver(ctx: TracePointContext) -> i32 {
             ctx.read_at::<u64>(32).unwrap_or(0),
         )
     };
-    emit::<SignalDeliver>(|e| {
+    emit_waking::<SignalDeliver>(urgent(pid), |e| {
         e.sig = sig as u32;
         e.code = code;
         e.handler = handler;

@@ -47,6 +47,12 @@ fn anyone_dying() -> bool {
     DYING_HINT.get(0).is_some_and(|n| *n != 0)
 }
 
+/// Whether `tgid` is a GPU process whose teardown is under way.
+pub fn is_dying(tgid: u32) -> bool {
+    // SAFETY: the value is not held beyond the lookup.
+    unsafe { DYING.get(tgid).is_some() }
+}
+
 pub fn start_dying(tgid: u32) {
     // SAFETY: existence check only.
     if unsafe { DYING.get(tgid) }.is_none() && DYING.insert(tgid, now_ns(), 0).is_err() {

@@ -105,11 +105,16 @@ impl Probes {
             .filter(|s| (1..64).contains(*s))
             .fold(0u64, |m, s| m | 1 << s);
         let bench_pid = config.bench_pid.unwrap_or(0);
+        // The programs format a log record only at a level the log crate would print: a
+        // debug line per fatal signal otherwise costs every kill a record and a wake-up.
+        let log_level = log::max_level() as u8;
         let mut ebpf = EbpfLoader::new()
+            .override_global(aya_log::LEVEL, &log_level, true)
             .override_global("OFFSETS", &offsets, true)
             .override_global("FATAL_SIGNALS", &mask, true)
             .override_global("BENCH_PID", &bench_pid, true)
             .override_global("SELF_PID", &std::process::id(), true)
+            .override_global("LEAN", &u32::from(config.lean), true)
             .map_max_entries("EVENTS", config.ring_size)
             .load(EBPF_OBJECT)
             .map_err(|e| Error::Load(e.to_string()))?;

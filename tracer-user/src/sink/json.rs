@@ -8,8 +8,12 @@ use serde_json::ser::{Formatter, Serializer};
 use crate::escape;
 
 pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> io::Result<()> {
-    to_writer(&mut *out, value)?;
-    out.write_all(b"\n")?;
+    // One write per line: the serializer's many small writes go to memory, not through `out`
+    // (stdout's line buffering scans each of them for a newline).
+    let mut line = Vec::with_capacity(2048);
+    to_writer(&mut line, value)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
     out.flush()
 }
 
