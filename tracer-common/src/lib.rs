@@ -5,6 +5,9 @@
 //! never reused and payload structs only grow at their end.
 #![no_std]
 
+#[macro_use]
+mod wire;
+
 pub mod driver;
 pub mod offsets;
 pub mod records;

@@ -19,7 +19,7 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// What the programs could not record, per CPU, by [`Loss`] slot: records that did not fit in
 /// `EVENTS`, and map inserts that failed because a map was full.
 #[map]
-pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT, 0);
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT as u32, 0);
 
 /// Thread groups that received a fatal signal, and GPU holders whose group died, until they are
 /// reaped: their thread exits, signal deliveries, SIGCHLD to the parent and reap are recorded.

@@ -14,8 +14,8 @@ pub enum Error {
     Mount(String),
     #[error("loading eBPF programs: {0}")]
     Load(String),
-    #[error("attaching {program}: {reason}")]
-    Attach { program: String, reason: String },
+    #[error(transparent)]
+    Attach(#[from] crate::probe::attach::AttachError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -39,6 +39,7 @@ use tokio::{
     runtime::Runtime,
     time::{interval, MissedTickBehavior},
 };
+use tracer_common as c;
 use tracer_user::{
     clock::boottime_ns,
     event::{Event, EventData},
@@ -159,11 +160,13 @@ fn main() -> Result<()> {
 /// `decode()` alone over in-memory records: a BenchTick (the ring benchmark's record) and a
 /// SignalGenerate (the largest real record, two comm strings to allocate).
 fn decode_phase(config: &Config) -> Result<Value> {
-    let tick = record(100, &[0u8; 32]);
-    let mut generate_payload = vec![0u8; 32];
-    generate_payload[0] = 9;
-    generate_payload.extend_from_slice(b"supervisor\0\0\0\0\0\0python3\0\0\0\0\0\0\0\0\0");
-    let generate = record(1, &generate_payload);
+    let tick = record(c::BenchTick::default());
+    let generate = record(c::SignalGenerate {
+        sig: 9,
+        sender_comm: c::comm(b"supervisor"),
+        target_comm: c::comm(b"python3"),
+        ..Default::default()
+    });
     ensure!(
         decode(&tick).is_ok_and(|e| e.data == EventData::BenchTick),
         "BenchTick record layout"
@@ -188,17 +191,11 @@ fn decode_phase(config: &Config) -> Result<Value> {
     }))
 }
 
-/// A record as the kernel lays it out: the 24-byte header, then the payload.
-fn record(kind: u16, payload: &[u8]) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&kind.to_le_bytes());
-    v.extend_from_slice(&((24 + payload.len()) as u16).to_le_bytes());
-    v.extend_from_slice(&1u32.to_le_bytes());
-    v.extend_from_slice(&123_456_789u64.to_le_bytes());
-    v.extend_from_slice(&4242u32.to_le_bytes());
-    v.extend_from_slice(&4243u32.to_le_bytes());
-    v.extend_from_slice(payload);
-    v
+/// A record as the kernel lays it out.
+fn record<T: c::Payload>(payload: T) -> Vec<u8> {
+    c::Record::new(1, 123_456_789, 4242, 4243, payload)
+        .as_bytes()
+        .to_vec()
 }
 
 fn decode_rate(rec: &[u8], n: u64) -> f64 {

@@ -14,14 +14,7 @@
 //! on a second thread). Prints one JSON object on stdout; `cargo xtask bench` turns it into a
 //! table.
 
-use std::{
-    fs::File,
-    hint::black_box,
-    mem::{offset_of, size_of},
-    ops::ControlFlow,
-    path::Path,
-    time::Instant,
-};
+use std::{fs::File, hint::black_box, ops::ControlFlow, path::Path, time::Instant};
 
 use anyhow::{ensure, Result};
 use clap::Parser;
@@ -35,55 +28,62 @@ use tracer_user::{
     trace::{writer, TraceMeta, TraceReader, WriterOptions},
 };
 
-/// One ring buffer record: header, then `payload_len` bytes with `comm` at `comm_at`.
-fn record(kind: c::Kind, payload_len: usize, comm_at: Option<usize>, seq: u64) -> Vec<u8> {
-    let size = size_of::<c::Header>() + payload_len;
-    let mut r = Vec::with_capacity(size);
-    r.extend_from_slice(&(kind as u16).to_le_bytes());
-    r.extend_from_slice(&(size as u16).to_le_bytes());
-    r.extend_from_slice(&((seq % 2) as u32).to_le_bytes());
-    r.extend_from_slice(&(1_000_000_000 + seq * 1000).to_le_bytes());
-    r.extend_from_slice(&(4000 + (seq % 64) as u32).to_le_bytes());
-    r.extend_from_slice(&(4000 + (seq % 512) as u32).to_le_bytes());
-    r.resize(size, 0);
-    // Varying fields, as real ioctls and exits have.
-    r[24..32].copy_from_slice(&(seq.wrapping_mul(0x9e37_79b9) >> 16).to_le_bytes()[..8]);
-    if let Some(at) = comm_at {
-        let comm = b"python3\0";
-        r[24 + at..24 + at + comm.len()].copy_from_slice(comm);
-    }
-    r
+/// One ring buffer record from `seq`: header fields and a payload field that vary, as real
+/// ones do.
+fn record<T: c::Payload>(seq: u64, payload: T) -> Vec<u8> {
+    let pid = 4000 + (seq % 64) as u32;
+    let tid = 4000 + (seq % 512) as u32;
+    c::Record::new(
+        (seq % 2) as u32,
+        1_000_000_000 + seq * 1000,
+        pid,
+        tid,
+        payload,
+    )
+    .as_bytes()
+    .to_vec()
 }
 
 /// The mix: 6 GPU ioctls, then a thread exit, a delivery, a fork and an exec in every 10.
 fn records(n: u64) -> Vec<Vec<u8>> {
+    let python = c::comm(b"python3");
     (0..n)
-        .map(|i| match i % 10 {
-            0..=5 => record(c::Kind::GpuIoctl, size_of::<c::GpuIoctl>(), None, i),
-            6 => record(
-                c::Kind::TaskExit,
-                size_of::<c::TaskExit>(),
-                Some(offset_of!(c::TaskExit, comm)),
-                i,
-            ),
-            7 => record(
-                c::Kind::SignalDeliver,
-                size_of::<c::SignalDeliver>(),
-                None,
-                i,
-            ),
-            8 => record(
-                c::Kind::ProcessFork,
-                size_of::<c::ProcessFork>(),
-                Some(offset_of!(c::ProcessFork, comm)),
-                i,
-            ),
-            _ => record(
-                c::Kind::ProcessExec,
-                size_of::<c::ProcessExec>(),
-                Some(offset_of!(c::ProcessExec, comm)),
-                i,
-            ),
+        .map(|i| {
+            let varying = i.wrapping_mul(0x9e37_79b9) >> 16;
+            match i % 10 {
+                0..=5 => record(
+                    i,
+                    c::GpuIoctl {
+                        fd: varying as i32,
+                        cmd: (varying >> 32) as u32,
+                        ..Default::default()
+                    },
+                ),
+                6 => record(
+                    i,
+                    c::TaskExit {
+                        exit_code: varying as u32,
+                        comm: python,
+                        ..Default::default()
+                    },
+                ),
+                7 => record(
+                    i,
+                    c::SignalDeliver {
+                        sig: varying as u32,
+                        ..Default::default()
+                    },
+                ),
+                8 => record(
+                    i,
+                    c::ProcessFork {
+                        child_pid: varying as u32,
+                        comm: python,
+                        ..Default::default()
+                    },
+                ),
+                _ => record(i, c::ProcessExec { comm: python }),
+            }
         })
         .collect()
 }

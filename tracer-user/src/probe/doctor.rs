@@ -1,18 +1,12 @@
 //! What this machine allows: each eBPF hook type tried for real, plus the GPU side.
 
-use std::{fs, path::Path};
+use std::fs;
 
-use aya::{
-    programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::UProbeScope,
-        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
-    },
-    Btf, Ebpf, EbpfLoader,
-};
+use aya::{Btf, Ebpf, EbpfLoader};
 use serde::Serialize;
 
 use super::{
+    attach::{attach, chain, AttachError, Hook},
     questions::{self, Question},
     strategy, tracefs, EBPF_OBJECT,
 };
@@ -83,8 +77,7 @@ pub fn run() -> Report {
                 hooks.push(Check {
                     name,
                     ok: result.is_ok(),
-                    detail: result
-                        .map_or_else(|e| explain(name, &e), |()| "loaded and attached".into()),
+                    detail: result.map_or_else(|e| e.reason(), |()| "loaded and attached".into()),
                 });
             }
         }
@@ -114,87 +107,24 @@ fn load_object() -> Result<Ebpf, String> {
         .map_err(|e| e.to_string())
 }
 
-fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), String> {
-    let program = ebpf
-        .program_mut(&format!("doctor_{name}"))
-        .ok_or_else(|| format!("doctor_{name} missing from the object"))?;
-    let e = |e: aya::programs::ProgramError| error_chain(&e);
-    let need_btf = || btf.ok_or_else(|| "no kernel BTF".to_string());
-    match name {
-        "tracepoint" => {
-            let p: &mut TracePoint = program.try_into().map_err(e)?;
-            p.load().map_err(e)?;
-            p.attach("sched", "sched_process_exit").map_err(e)?;
-        }
-        "tp_btf" => {
-            let p: &mut BtfTracePoint = program.try_into().map_err(e)?;
-            p.load("sched_process_exit", need_btf()?).map_err(e)?;
-            p.attach().map_err(e)?;
-        }
-        "raw_tracepoint" => {
-            let p: &mut RawTracePoint = program.try_into().map_err(e)?;
-            p.load().map_err(e)?;
-            p.attach("sched_process_exit").map_err(e)?;
-        }
-        "perf_event" => {
-            let p: &mut PerfEvent = program.try_into().map_err(e)?;
-            p.load().map_err(e)?;
-            p.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu: 0 },
-                SamplePolicy::Frequency(1),
-                false,
-            )
-            .map_err(e)?;
-        }
-        "uprobe" => {
-            let p: &mut UProbe = program.try_into().map_err(e)?;
-            p.load().map_err(e)?;
-            p.attach("getpid", "libc", UProbeScope::AllProcesses)
-                .map_err(e)?;
-        }
-        "fentry" => {
-            let p: &mut FEntry = program.try_into().map_err(e)?;
-            p.load("do_exit", need_btf()?).map_err(e)?;
-            p.attach().map_err(e)?;
-        }
-        "kprobe" => {
-            let p: &mut KProbe = program.try_into().map_err(e)?;
-            p.load().map_err(e)?;
-            p.attach("do_exit", 0).map_err(e)?;
-        }
-        other => return Err(format!("unknown hook type {other}")),
-    }
-    Ok(())
-}
-
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = inner.source();
-    }
-    s
-}
-
-/// The kernel's answer plus what it means for the user.
-pub(super) fn explain(name: &str, error: &str) -> String {
-    let meaning = if name == "kprobe" && !Path::new("/sys/bus/event_source/devices/kprobe").exists()
-    {
-        "kernel built without CONFIG_KPROBES (no kprobe PMU)"
-    } else if error.contains("Operation not permitted") {
-        "the kernel refused the program (EPERM): lockdown or a security module forbids this type"
-    } else if error.contains("No such file or directory") {
-        "the attach point does not exist on this kernel"
-    } else {
-        "unavailable"
+/// Each hook type tried with the doctor's own empty program for it.
+fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), AttachError> {
+    let hook = match name {
+        "tracepoint" => Hook::Tracepoint {
+            category: "sched",
+            name: "sched_process_exit",
+        },
+        "tp_btf" => Hook::TpBtf("sched_process_exit"),
+        "raw_tracepoint" => Hook::RawTp("sched_process_exit"),
+        "perf_event" => Hook::PerfEvent { cpu: 0, hz: 1 },
+        "uprobe" => Hook::Uprobe {
+            target: "libc",
+            function: "getpid",
+        },
+        "fentry" => Hook::Fentry("do_exit"),
+        _ => Hook::Kprobe("do_exit"),
     };
-    format!("{meaning} [{error}]")
+    attach(ebpf, &format!("doctor_{name}"), &hook, btf).map(|_| ())
 }
 
 fn kernel_line() -> String {
@@ -245,10 +175,7 @@ fn nvml_check() -> Check {
         Err(e) => Check {
             name: "nvml",
             ok: false,
-            detail: format!(
-                "{}: GPU memory will come from kernel data only",
-                error_chain(&e)
-            ),
+            detail: format!("{}: GPU memory will come from kernel data only", chain(&e)),
         },
     }
 }

@@ -2,13 +2,18 @@
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{BtfTracePoint, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 use log::debug;
 
-use super::{devices::GpuDevices, offsets, sampling::Sampler, strategy, tracefs, EBPF_OBJECT};
+use super::{
+    attach::{self, AttachError, Cause, Hook},
+    devices::GpuDevices,
+    offsets,
+    sampling::Sampler,
+    strategy, tracefs, EBPF_OBJECT,
+};
 use crate::{
     error::{Error, Result},
     event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN},
@@ -231,55 +236,44 @@ impl Probes {
     }
 
     fn attach_btf(&mut self, program: &str, tracepoint: &str, btf: &Btf) -> Result<()> {
-        let attach = |ebpf: &mut Ebpf| -> std::result::Result<(), String> {
-            let p: &mut BtfTracePoint = ebpf
-                .program_mut(program)
-                .ok_or("missing from the object")?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-            p.load(tracepoint, btf).map_err(|e| e.to_string())?;
-            p.attach().map_err(|e| e.to_string())?;
-            Ok(())
-        };
-        attach(&mut self.ebpf).map_err(|reason| Error::Attach {
-            program: format!("{program} (tp_btf/{tracepoint})"),
-            reason,
-        })?;
-        self.attached.push(format!("tp_btf/{tracepoint}"));
+        self.attach(program, Hook::TpBtf(tracepoint), Some(btf))
+    }
+
+    fn attach_tracepoint(&mut self, program: &str, category: &str, name: &str) -> Result<()> {
+        self.attach(program, Hook::Tracepoint { category, name }, None)
+    }
+
+    fn attach(&mut self, program: &str, hook: Hook, btf: Option<&Btf>) -> Result<()> {
+        // The link belongs to the program: it lasts as long as `ebpf`.
+        attach::attach(&mut self.ebpf, program, &hook, btf)?;
+        self.attached.push(hook.to_string());
         Ok(())
     }
 
     /// Attaches one program to several syscall tracepoints; those this kernel lacks (open on
     /// architectures without it, openat2 before 5.6) are skipped.
     fn attach_syscalls(&mut self, program: &str, names: &[&str]) -> Result<()> {
-        let p: &mut TracePoint = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| Error::Load(format!("{program} missing from the object")))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| Error::Load(e.to_string()))?;
-        p.load().map_err(|e| Error::Attach {
-            program: program.into(),
-            reason: e.to_string(),
-        })?;
-        let mut attached = 0;
-        for name in names {
-            if !tracefs::has_event("syscalls", name) {
-                debug!("{program}: no tracepoint syscalls/{name} on this kernel");
-                continue;
-            }
-            p.attach("syscalls", name).map_err(|e| Error::Attach {
-                program: format!("{program} (tracepoint/syscalls/{name})"),
-                reason: e.to_string(),
-            })?;
-            self.attached.push(format!("tracepoint/syscalls/{name}"));
-            attached += 1;
+        let present: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| {
+                let there = tracefs::has_event("syscalls", name);
+                if !there {
+                    debug!("{program}: no tracepoint syscalls/{name} on this kernel");
+                }
+                there
+            })
+            .collect();
+        if present.is_empty() {
+            let hook = Hook::Tracepoint {
+                category: "syscalls",
+                name: names[0],
+            };
+            let cause = Cause::NoAttachPoint(names.join(", "));
+            return Err(AttachError::new(program, &hook, cause).into());
         }
-        if attached == 0 {
-            return Err(Error::Attach {
-                program: program.into(),
-                reason: format!("none of {} exists", names.join(", ")),
-            });
+        for name in present {
+            self.attach_tracepoint(program, "syscalls", name)?;
         }
         Ok(())
     }
@@ -331,25 +325,6 @@ impl Probes {
             .map_mut(name)
             .ok_or_else(|| Error::Load(format!("map {name} missing")))?;
         HashMap::try_from(map).map_err(|e| Error::Load(e.to_string()))
-    }
-
-    fn attach_tracepoint(&mut self, program: &str, category: &str, name: &str) -> Result<()> {
-        let attach = |ebpf: &mut Ebpf| -> std::result::Result<(), String> {
-            let p: &mut TracePoint = ebpf
-                .program_mut(program)
-                .ok_or("missing from the object")?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-            p.load().map_err(|e| e.to_string())?;
-            p.attach(category, name).map_err(|e| e.to_string())?;
-            Ok(())
-        };
-        attach(&mut self.ebpf).map_err(|reason| Error::Attach {
-            program: format!("{program} (tracepoint/{category}/{name})"),
-            reason,
-        })?;
-        self.attached.push(format!("tracepoint/{category}/{name}"));
-        Ok(())
     }
 
     /// The driver hooks chosen, and why.

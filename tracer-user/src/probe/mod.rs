@@ -1,5 +1,6 @@
 //! Loading and attaching the eBPF programs, and probing what the kernel allows.
 
+pub mod attach;
 pub mod devices;
 pub mod doctor;
 pub mod load;

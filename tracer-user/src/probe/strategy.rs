@@ -5,14 +5,11 @@
 
 use std::fs;
 
-use aya::{
-    programs::{FEntry, FExit, KProbe, Program, ProgramError},
-    Btf, Ebpf,
-};
+use aya::{Btf, Ebpf};
 
-use super::doctor::{error_chain, explain};
+use super::attach::{attach_all, AttachError, Hook};
 use crate::{
-    error::{Error, Result},
+    error::Result,
     event::{DriverFunc, DriverHooks, HookKind, Strategy},
 };
 
@@ -69,10 +66,10 @@ pub fn attach(ebpf: &mut Ebpf, requested: DriverHooks, btf: Option<&Btf>) -> Res
                 s.fput = Some(HookKind::Fentry);
                 s.reasons.push("fentry/fexit on __fput: attached".into());
             }
-            Err(e) if requested == DriverHooks::Fentry => return Err(refused("fentry", e)),
+            Err(e) if requested == DriverHooks::Fentry => return Err(e.into()),
             Err(e) => s
                 .reasons
-                .push(format!("fentry/fexit on __fput: {}", explain("fentry", &e))),
+                .push(format!("fentry/fexit on __fput: {}", e.reason())),
         }
     }
     let mut kprobes = true;
@@ -83,13 +80,11 @@ pub fn attach(ebpf: &mut Ebpf, requested: DriverHooks, btf: Option<&Btf>) -> Res
                 s.reasons
                     .push("kprobe/kretprobe on __fput: attached".into());
             }
-            Err(e) if requested == DriverHooks::Kprobe => return Err(refused("kprobe", e)),
+            Err(e) if requested == DriverHooks::Kprobe => return Err(e.into()),
             Err(e) => {
                 kprobes = false;
-                s.reasons.push(format!(
-                    "kprobe/kretprobe on __fput: {}",
-                    explain("kprobe", &e)
-                ));
+                s.reasons
+                    .push(format!("kprobe/kretprobe on __fput: {}", e.reason()));
             }
         }
     }
@@ -140,65 +135,27 @@ fn hooks_of(s: &Strategy) -> String {
     format!("tracepoints + tp_btf; GPU file release timed exactly by {how} on __fput; {driver}")
 }
 
-fn refused(hook: &str, reason: String) -> Error {
-    Error::Attach {
-        program: format!("{hook} on __fput (--driver-hooks {hook})"),
-        reason: explain(hook, &reason),
-    }
-}
-
-fn attach_fput_fentry(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<(), String> {
-    let btf = btf.ok_or("no kernel BTF")?;
-    let e = |e: ProgramError| error_chain(&e);
-    let entry: &mut FEntry = program(ebpf, "fput_fentry")?.try_into().map_err(e)?;
-    entry.load("__fput", btf).map_err(e)?;
-    entry.attach().map_err(e)?;
-    let exit = (|| {
-        let p: &mut FExit = program(ebpf, "fput_fexit")?.try_into().map_err(e)?;
-        p.load("__fput", btf).map_err(e)?;
-        p.attach().map(|_| ()).map_err(e)
-    })();
-    if exit.is_err() {
-        // An entry without its exit would time nothing.
-        unload(ebpf, "fput_fentry");
-    }
-    exit
+/// Entry and exit together (an entry without its exit would time nothing).
+fn attach_fput_fentry(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<(), AttachError> {
+    let pairs = [
+        ("fput_fentry", Hook::Fentry("__fput")),
+        ("fput_fexit", Hook::Fexit("__fput")),
+    ];
+    attach_all(ebpf, &pairs, btf).map(|_| ())
 }
 
 /// Entry and return probes of `func`: programs `<name>_kprobe` and `<name>_kretprobe`.
-fn attach_kprobes(ebpf: &mut Ebpf, func: DriverFunc) -> Result<(), String> {
+fn attach_kprobes(ebpf: &mut Ebpf, func: DriverFunc) -> Result<(), AttachError> {
     let name = match func {
         DriverFunc::Fput => "fput",
         other => other.symbol(),
     };
-    let entry = format!("{name}_kprobe");
-    attach_kprobe(ebpf, &entry, func.symbol())?;
-    let exit = attach_kprobe(ebpf, &format!("{name}_kretprobe"), func.symbol());
-    if exit.is_err() {
-        unload(ebpf, &entry);
-    }
-    exit
-}
-
-fn attach_kprobe(ebpf: &mut Ebpf, program_name: &str, symbol: &str) -> Result<(), String> {
-    let e = |e: ProgramError| error_chain(&e);
-    let p: &mut KProbe = program(ebpf, program_name)?.try_into().map_err(e)?;
-    p.load().map_err(e)?;
-    p.attach(symbol, 0).map(|_| ()).map_err(e)
-}
-
-fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Program, String> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| format!("{name} missing from the object"))
-}
-
-/// Detaches and unloads a program whose partner failed (a failed unload changes nothing).
-fn unload(ebpf: &mut Ebpf, name: &str) {
-    let _ = match ebpf.program_mut(name) {
-        Some(Program::FEntry(p)) => p.unload(),
-        Some(Program::KProbe(p)) => p.unload(),
-        _ => Ok(()),
-    };
+    let (entry, exit) = (format!("{name}_kprobe"), format!("{name}_kretprobe"));
+    let pairs = [
+        (entry.as_str(), Hook::Kprobe(func.symbol())),
+        (exit.as_str(), Hook::Kretprobe(func.symbol())),
+    ];
+    attach_all(ebpf, &pairs, None).map(|_| ())
 }
 
 /// Kprobes on the driver functions present in the running kernel.
@@ -213,14 +170,16 @@ fn attach_driver(ebpf: &mut Ebpf, s: &mut Strategy) {
     let present = kallsyms_present(&DRIVER_FUNCS.map(|f| f.symbol()));
     for func in DRIVER_FUNCS {
         let symbol = func.symbol();
-        let result = if present.contains(&symbol) {
-            attach_kprobes(ebpf, func)
-        } else {
-            Err("not in /proc/kallsyms".into())
-        };
-        match result {
+        if !present.contains(&symbol) {
+            s.reasons
+                .push(format!("kprobe on {symbol}: not in /proc/kallsyms"));
+            continue;
+        }
+        match attach_kprobes(ebpf, func) {
             Ok(()) => s.driver_functions.push(symbol.into()),
-            Err(e) => s.reasons.push(format!("kprobe on {symbol}: {e}")),
+            Err(e) => s
+                .reasons
+                .push(format!("kprobe on {symbol}: {}", e.reason())),
         }
     }
     if !s.driver_functions.is_empty() {

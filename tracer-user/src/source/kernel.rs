@@ -16,7 +16,7 @@ pub struct KernelSource {
     /// Per-CPU loss counters by `tracer_common::Loss` slot (slot 0: ring buffer drops).
     drops: PerCpuArray<MapData, u64>,
     /// What was reported of each slot so far.
-    reported: [u64; tracer_common::Loss::COUNT as usize],
+    reported: [u64; tracer_common::Loss::COUNT],
     undecodable: u64,
     probes: Probes,
 }
@@ -100,7 +100,7 @@ impl KernelSource {
     pub fn poll_losses(&mut self, now_ns: u64) -> Vec<Event> {
         let mut out = Vec::new();
         for (slot, reported) in self.reported.iter_mut().enumerate() {
-            let Some(what) = tracer_common::Loss::from_u32(slot as u32) else {
+            let Some(what) = tracer_common::Loss::from_raw(slot as u32) else {
                 continue;
             };
             let total: u64 = match self.drops.get(&(slot as u32), 0) {
