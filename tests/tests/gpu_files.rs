@@ -300,6 +300,42 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
     );
 }
 
+/// No hook sees a descriptor arrive over a unix socket: the dead process's file references
+/// say someone holds it, and the walk of the processes holding GPU files names who.
+#[test]
+fn a_process_that_received_the_file_over_a_socket_is_found() {
+    let device = stand_in_device("sent");
+    let live = Live::start(&device, &[]);
+    let mut s = Scenario::start(&device, "send-fd");
+    let (sender, receiver) = (s.pids[0], s.pids[1]);
+    s.kill();
+    let (first, _) = live.until_incident(sender);
+    assert_eq!(first["verdict"]["kind"], "shared_fd", "{first}");
+    assert!(first["gpu"]["t_memory_back_ns"].is_null(), "{first}");
+    // The receiver's one descriptor: one reference the sender's table does not account for,
+    // unless the search was quicker than the report.
+    let named = |r: &Value| {
+        r["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["pid"] == receiver))
+    };
+    let found = if named(&first) {
+        first.clone()
+    } else {
+        assert_eq!(first["gpu"]["unaccounted_references"], 1, "{first}");
+        live.until("incident_update", sender).0
+    };
+    assert!(named(&found), "{found}");
+    let holder = &found["holders"][0];
+    assert_eq!(holder["how"], "seen", "{found}");
+    assert_eq!(found["gpu"]["unaccounted_references"], 0, "{found}");
+    assert!(found["gpu"]["t_memory_back_ns"].is_null(), "{found}");
+    // Its death gives the file back: the sender's memory is back then, by the kernel's word.
+    kill(receiver);
+    let (back, _) = live.until("incident_update", sender);
+    assert_eq!(back["gpu"]["memory_back_by"], "kernel", "{back}");
+}
+
 #[test]
 fn a_child_sharing_the_descriptor_table_is_a_holder() {
     let device = stand_in_device("shared");

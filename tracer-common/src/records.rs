@@ -124,6 +124,9 @@ stable_ids! {
         HeldAtExit = 4,
         /// Still in the table after exec dropped the close-on-exec ones.
         HeldAtExec = 5,
+        /// In the table of a process user space asked about (a dead holder's files had
+        /// references nobody known held), walked at its next context switch.
+        HeldAtSearch = 6,
     }
 }
 

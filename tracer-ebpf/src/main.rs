@@ -11,6 +11,7 @@ mod files;
 mod ioctl;
 mod process;
 mod regs;
+mod search;
 mod signal;
 mod task;
 mod teardown;

@@ -11,6 +11,7 @@ use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
 
 use crate::{
     emit::{count_loss, current_ids, emit, now_ns},
+    search::walk_if_wanted,
     task::Task,
 };
 
@@ -121,6 +122,7 @@ pub fn teardown_oncpu(ctx: PerfEventContext) -> u32 {
 /// unsigned int prev_state): runs as `prev`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
+    walk_if_wanted(&ctx);
     if !anyone_dying() {
         return 0;
     }

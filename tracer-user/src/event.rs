@@ -11,6 +11,7 @@ pub enum FdOp {
     Close,
     HeldAtExit,
     HeldAtExec,
+    HeldAtSearch,
 }
 
 impl From<tracer_common::FdOp> for FdOp {
@@ -22,6 +23,7 @@ impl From<tracer_common::FdOp> for FdOp {
             K::Close => Self::Close,
             K::HeldAtExit => Self::HeldAtExit,
             K::HeldAtExec => Self::HeldAtExec,
+            K::HeldAtSearch => Self::HeldAtSearch,
         }
     }
 }

@@ -159,6 +159,26 @@ def ipc_import(poll, idle):
             "expect": {"verdict": "imported", "mode": "kill", "holders": [imp]}}
 
 
+def fd_passed(poll, idle):
+    # The victim's GPU descriptors went to another process over a unix socket (SCM_RIGHTS):
+    # no fork, no open, no dup that a syscall hook could see.
+    v = Victim("--gib", "4", "--send-fds")
+    rcv = v.info["receiver"]
+    time.sleep(1)
+    t_kill = kill(v.pid)
+    t_reaped = reap(v.pid)
+    time.sleep(3)
+    held = poll.now()[1] - idle
+    t_kill_rcv = kill(rcv)
+    t_rcv_reaped = reap(rcv)
+    back = settle(poll, idle, t_kill_rcv)
+    return {"victims": [{"pid": v.pid, "t_kill_ns": t_kill, "t_reaped_ns": t_reaped,
+                         "held_after_3s": held, "t_back_ns": back,
+                         "sent": v.info["sent"], "received": v.info["received"]}],
+            "holders": [{"pid": rcv, "t_kill_ns": t_kill_rcv, "t_reaped_ns": t_rcv_reaped}],
+            "expect": {"verdict": "shared_fd", "mode": "kill", "holders": [rcv]}}
+
+
 def kill_storm(poll, idle):
     vs = [Victim("--gib", "1", wait=False) for _ in range(12)]
     for v in vs:
@@ -248,6 +268,7 @@ SCENARIOS = {
     "forked-holder": forked_holder,
     "workers": workers,
     "ipc-import": ipc_import,
+    "fd-passed": fd_passed,
     "kill-storm": kill_storm,
     "term-then-kill": term_then_kill,
     "term-handled": term_handled,

@@ -9,8 +9,10 @@ killed or does what its options say.
 --crash-after S    dereference a null pointer S seconds after READY (SIGSEGV)
 --export           share the tensor with a spawned importer (torch.multiprocessing, CUDA IPC)
 --hog-on-usr1      on SIGUSR1, take host memory until the OOM killer stops it
+--send-fds         send every /dev/nvidia* descriptor over a unix socket to a spawned receiver
+                   (SCM_RIGHTS) that never touches CUDA and only keeps them
 """
-import argparse, ctypes, json, os, signal, sys, time
+import argparse, ctypes, json, os, signal, socket, subprocess, sys, time
 
 import torch
 import torch.multiprocessing as mp
@@ -26,7 +28,32 @@ def options():
     p.add_argument("--crash-after", type=float)
     p.add_argument("--export", action="store_true")
     p.add_argument("--hog-on-usr1", action="store_true")
+    p.add_argument("--send-fds", action="store_true")
     return p.parse_args()
+
+
+RECEIVER = r"""
+import socket, sys, time
+s = socket.socket(fileno=int(sys.argv[1]))
+_, fds, _, _ = socket.recv_fds(s, 16, 1024)
+print(len(fds), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def send_gpu_fds():
+    """Passes this process's GPU descriptors to a fresh process (which inherits none of them:
+    only the socket is passed down) and returns (its pid, how many it got)."""
+    fds = [int(fd) for fd in os.listdir("/proc/self/fd")
+           if os.path.realpath(f"/proc/self/fd/{fd}").startswith("/dev/nvidia")]
+    mine, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-c", RECEIVER, str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, text=True)
+    theirs.close()
+    socket.send_fds(mine, [b"fds"], fds)
+    got = int(proc.stdout.readline())
+    return proc.pid, got, len(fds)
 
 
 def hog(_sig, _frm):
@@ -62,6 +89,8 @@ if __name__ == "__main__":
         q.put(x)
         pid, n = ready.get(timeout=120)
         info["importer"] = pid
+    if a.send_fds:
+        info["receiver"], info["received"], info["sent"] = send_gpu_fds()
     for _ in range(a.fork):
         child = os.fork()
         if child == 0:

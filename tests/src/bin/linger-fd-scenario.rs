@@ -1,5 +1,5 @@
 //! Real processes doing to a stand-in GPU device what CUDA programs and their children do:
-//! open, dup, fork, exec, close, share descriptor tables. The integration tests trace them.
+//! open, dup, fork, exec, close, share descriptor tables, pass descriptors over sockets. The integration tests trace them.
 //!
 //! Usage: linger-fd-scenario DEVICE SCENARIO. Prints `ready PID...` once set up, then waits to
 //! be killed.
@@ -7,16 +7,19 @@
 use std::{
     env,
     fs::{File, OpenOptions},
-    io::Write,
-    os::fd::IntoRawFd,
-    os::unix::process::CommandExt,
-    process::Command,
+    io::{IoSlice, IoSliceMut, Read, Write},
+    os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd},
+    os::unix::{net::UnixStream, process::CommandExt},
+    process::{Command, Stdio},
     thread,
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::{
+    fcntl::{fcntl, FcntlArg, FdFlag},
+    sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags},
+};
 
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().collect();
@@ -49,11 +52,62 @@ fn main() -> Result<()> {
             let child = Command::new(env::current_exe()?)
                 .args([device, "hold"])
                 // Only the parent's `ready` line goes to the test.
-                .stdout(std::process::Stdio::null())
+                .stdout(Stdio::null())
                 .spawn()
                 .context("spawning the holder")?;
             ready(&[child.id()])?;
             wait_forever(f)
+        }
+        // The descriptor goes to a process that never inherited or opened it, over a unix
+        // socket (SCM_RIGHTS): no system call a tracepoint sees gives it the file.
+        "send-fd" => {
+            let (mine, theirs) = UnixStream::pair()?;
+            // The receiver's stdin is its end of the socket.
+            let receiver = Command::new(env::current_exe()?)
+                .args([device, "receive"])
+                .stdin(Stdio::from(OwnedFd::from(theirs)))
+                .stdout(Stdio::null())
+                .spawn()
+                .context("spawning the receiver")?;
+            // Opened after the receiver started: it cannot have inherited it.
+            let f = open(device, true)?;
+            let fds = [f.as_raw_fd()];
+            sendmsg::<()>(
+                mine.as_raw_fd(),
+                &[IoSlice::new(b"f")],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::empty(),
+                None,
+            )?;
+            // Its answer: it has the file.
+            let mut ack = [0u8; 1];
+            (&mine).read_exact(&mut ack)?;
+            ready(&[receiver.id()])?;
+            wait_forever(f)
+        }
+        // The other end of send-fd: keeps what it got, awake now and then like a live process.
+        "receive" => {
+            let socket = std::io::stdin();
+            let mut buf = [0u8; 1];
+            let mut space = nix::cmsg_space!([RawFd; 1]);
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                socket.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::empty(),
+            )?;
+            let mut got = Vec::new();
+            for c in msg.cmsgs()? {
+                if let ControlMessageOwned::ScmRights(fds) = c {
+                    got.extend(fds);
+                }
+            }
+            nix::unistd::write(socket.as_fd(), b"k")?;
+            loop {
+                thread::sleep(Duration::from_millis(100));
+                let _ = &got;
+            }
         }
         // Exec keeps the descriptor without O_CLOEXEC and drops the one with it.
         "exec" => {

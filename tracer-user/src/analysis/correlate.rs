@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{
-    holders::{FileId, Holder, Holders},
+    holders::{FileId, Holder, Holders, How},
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
         ThreadExit,
@@ -19,13 +19,14 @@ use super::{
     losses::LossLog,
     memory::{Change, MemoryBook, Role},
     notice::SignalNotice,
+    references,
     signals::{SIGCHLD, SIGKILL},
     snapshot,
     storm::{StormLog, Teardown},
     teardown::{DriverSpan, TeardownLog},
     termination::{self, SignalSent},
 };
-use crate::event::{DriverFunc, Event, EventData, NvmlGpu};
+use crate::event::{DriverFunc, Event, EventData, FdOp, NvmlGpu};
 
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
 const RESULT_IGNORED: i32 = 1;
@@ -116,6 +117,9 @@ pub(super) struct Case {
     /// NVML listed it, or the ledger saw it allocate: the memory of its files is its own.
     owns: bool,
     pub holder_gone: BTreeMap<u32, Option<u64>>,
+    /// References to its files at death that no known holder accounted for; less as the
+    /// search finds their holders.
+    pub unaccounted: u64,
     reported: Option<Reported>,
     stuck_reported: bool,
 }
@@ -148,6 +152,9 @@ pub struct Correlator {
     /// Teardown samples by dying process.
     pub(super) teardown: HashMap<u32, TeardownLog>,
     oom_marked: HashMap<u32, u64>,
+    /// A death left references nobody known accounts for: the live collector should have the
+    /// processes holding GPU files walked (`take_search_request`).
+    search_wanted: bool,
 }
 
 impl Correlator {
@@ -217,6 +224,10 @@ impl Correlator {
             EventData::OomVictim { pid } => {
                 self.oom_marked.insert(*pid, e.ts_ns);
             }
+            EventData::GpuFd {
+                op: FdOp::HeldAtSearch,
+                ..
+            } => self.searched(e.pid),
             EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => self.holders_changed(),
             EventData::Nvml { gpus } => self.nvml_reading(e.ts_ns, gpus),
             EventData::DriverCall {
@@ -286,6 +297,11 @@ impl Correlator {
 
     /// Whether no incident is open: symbolized stacks are no longer needed (the kernel's stack
     /// ids may be reused from now on).
+    /// Whether a search for unknown holders is wanted (once per death that needs one).
+    pub fn take_search_request(&mut self) -> bool {
+        std::mem::take(&mut self.search_wanted)
+    }
+
     pub fn is_idle(&self) -> bool {
         self.cases.is_empty()
     }
@@ -320,6 +336,7 @@ impl Correlator {
             owner: None,
             owns: false,
             holder_gone: BTreeMap::new(),
+            unaccounted: 0,
             reported: None,
             stuck_reported: false,
         };
@@ -388,7 +405,9 @@ impl Correlator {
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| comm.to_string());
         let comm = comm.as_str();
+        let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
         let held = self.holders.group_died(pid);
+        let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.alive.remove(&pid) {
             Some(id) => Some(id),
@@ -436,6 +455,8 @@ impl Correlator {
                     gpu.ledger = self.ledger.bytes(&files);
                     gpu.bytes_ledger = gpu.ledger.video;
                     gpu.classes = self.ledger.classes(&files);
+                    c.unaccounted = references::unaccounted(&held, &self.holders, pid);
+                    self.search_wanted |= c.unaccounted > 0;
                     gpu.files = held;
                     c.files = files.clone();
                     c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
@@ -444,6 +465,10 @@ impl Correlator {
                 if c.gpu {
                     c.inc.gpu.get_or_insert_with(Default::default);
                 }
+            }
+            if let Role::AliasOf(owner) = role {
+                // It held those files unseen until now: the owner's holder, found at its death.
+                self.unseen_holder_died(owner, pid, ppid, comm, held_fds, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
                 self.memory.start(id, pid, t_ns);
@@ -558,6 +583,77 @@ impl Correlator {
             }
         }
         self.kernel_released(id, e.ts_ns);
+    }
+
+    /// `pid` died holding files of `owner`'s, which had references nobody known accounted for.
+    fn unseen_holder_died(
+        &mut self,
+        owner: u64,
+        pid: u32,
+        ppid: u32,
+        comm: &str,
+        fds: Vec<i32>,
+        t_ns: u64,
+    ) {
+        let Some(c) = self.cases.get_mut(&owner) else {
+            return;
+        };
+        if c.unaccounted == 0 || c.holder_gone.contains_key(&pid) {
+            return;
+        }
+        c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
+        c.holder_gone.insert(pid, None);
+        c.fd_holders.push(Holder {
+            pid,
+            comm: comm.to_string(),
+            ppid,
+            fds,
+            how: How::Seen { t_ns },
+            t_released_ns: None,
+        });
+    }
+
+    /// A searched process's walk is in: it joins the holders of the dead cases whose files it
+    /// holds and whose references were not all accounted for.
+    fn searched(&mut self, pid: u32) {
+        let ids: Vec<u64> = self
+            .cases
+            .iter()
+            // A walk lists one descriptor per record: a holder already found grows with them.
+            .filter(|(_, c)| {
+                c.unaccounted > 0 || c.fd_holders.iter().any(|h| h.pid == pid && h.searched())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
+                continue;
+            };
+            let target = c.inc.target.pid;
+            let Some(found) = self
+                .holders
+                .holders_of(&c.files, target)
+                .into_iter()
+                .find(|h| h.pid == pid)
+            else {
+                continue;
+            };
+            let held = c
+                .inc
+                .gpu
+                .as_ref()
+                .map(|g| g.files.clone())
+                .unwrap_or_default();
+            let left = references::unaccounted(&held, &self.holders, target);
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.unaccounted = c.unaccounted.min(left);
+                c.holder_gone.entry(pid).or_insert(None);
+                match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
+                    Some(known) => known.fds = found.fds,
+                    None => c.fd_holders.push(found),
+                }
+            }
+        }
     }
 
     /// Dead cases whose other holders let go: when each did (its own release, if it died).
@@ -700,7 +796,8 @@ impl Correlator {
             let settled = self.settled(id);
             match &c.reported {
                 None => {
-                    let held_elsewhere = !c.fd_holders.is_empty() || self.imported(id);
+                    let held_elsewhere =
+                        !c.fd_holders.is_empty() || c.unaccounted > 0 || self.imported(id);
                     // NVML's word on its share comes with the first reading after the death.
                     let read = self.nvml.is_none() || self.memory.read_since(dead);
                     let due = (settled && reaped)
@@ -909,6 +1006,10 @@ impl Correlator {
         let c = self.cases.get(&id)?;
         if self.nvml.is_some() {
             return self.memory.back_ns(id).map(|t| (t, Source::Nvml));
+        }
+        // References nobody known accounts for: someone unseen still holds the files.
+        if c.unaccounted > 0 {
+            return None;
         }
         let own = c.kernel_release?.0;
         let others = c

@@ -81,6 +81,13 @@ pub struct Holder {
     pub t_released_ns: Option<u64>,
 }
 
+impl Holder {
+    /// Found by a walk of its table (the search), not by how it got the files.
+    pub fn searched(&self) -> bool {
+        matches!(self.how, How::Seen { .. })
+    }
+}
+
 #[derive(Default)]
 pub struct Holders {
     procs: HashMap<u32, Process>,
@@ -93,6 +100,8 @@ pub struct Holders {
     /// the walk is over: a flag cleared with F_SETFD (not traced) shows in the walk, and the
     /// descriptor keeps how it was got.
     exec_closed: HashMap<u32, BTreeMap<i32, Fd>>,
+    /// Devices named with `--gpu-device`.
+    declared: Vec<u32>,
 }
 
 impl Holders {
@@ -175,7 +184,7 @@ impl Holders {
                     _ => How::Seen { t_ns: e.ts_ns },
                 };
                 match op {
-                    FdOp::Open | FdOp::Dup | FdOp::HeldAtExec => {
+                    FdOp::Open | FdOp::Dup | FdOp::HeldAtExec | FdOp::HeldAtSearch => {
                         if *op == FdOp::HeldAtExec {
                             if let Some(pending) = self.exec_pending.get_mut(&e.pid) {
                                 pending.remove(fd);
@@ -265,6 +274,7 @@ impl Holders {
                     p.fds.retain(|_, f| f.file != *file);
                 }
             }
+            EventData::GpuDevices { devs, .. } => self.declared = devs.clone(),
             EventData::ProcInfo(info) => {
                 let p = self.procs.entry(info.pid).or_default();
                 p.comm = info.comm.clone();
@@ -377,6 +387,22 @@ impl Holders {
             .collect();
         out.sort_by_key(|h| h.pid);
         out
+    }
+
+    /// Descriptors of `file` in tables other than `except`'s. A table shared with CLONE_FILES
+    /// holds one reference per descriptor however many share it: its sharers count nothing.
+    pub fn references_of(&self, file: FileId, except: u32) -> u64 {
+        self.procs
+            .iter()
+            .filter(|(&pid, _)| pid != except)
+            .flat_map(|(_, p)| p.fds.values())
+            .filter(|fd| fd.file == file && !matches!(fd.how, How::SharedTable { .. }))
+            .count() as u64
+    }
+
+    /// Devices named with `--gpu-device`.
+    pub fn declared(&self) -> &[u32] {
+        &self.declared
     }
 
     /// Every process holding GPU files now, with its descriptors.

@@ -181,6 +181,10 @@ pub struct GpuImpact {
     pub held_elsewhere_ns: Option<u64>,
     /// GPU descriptors the target held when its group died, with each file's references.
     pub files: Vec<HeldFile>,
+    /// References to its GPU files at its death that no process linger knew of accounted for
+    /// (descriptors received over a unix socket or taken with pidfd_getfd); less as the search
+    /// of the processes holding GPU files finds their holders.
+    pub unaccounted_references: u64,
     /// Which evidence decided, and where the sources disagreed, in words.
     pub evidence: Vec<String>,
 }

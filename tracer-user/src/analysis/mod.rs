@@ -7,6 +7,7 @@ pub mod ledger;
 pub mod losses;
 pub mod memory;
 pub mod notice;
+mod references;
 pub mod signals;
 mod snapshot;
 pub mod storm;

@@ -64,10 +64,12 @@ impl Correlator {
                         .try_fold(0, |t, g| g.map(|g| t.max(g)))
                 })
                 .flatten();
+            gpu.unaccounted_references = c.unaccounted;
             gpu.t_memory_back_ns = back.map(|b| b.0);
             gpu.memory_back_by = back.map(|b| b.1);
-            let held_elsewhere =
-                !c.fd_holders.is_empty() || w.is_some_and(|w| !w.residuals.is_empty());
+            let held_elsewhere = !c.fd_holders.is_empty()
+                || c.unaccounted > 0
+                || w.is_some_and(|w| !w.residuals.is_empty());
             if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
                 gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
             }

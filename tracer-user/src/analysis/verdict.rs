@@ -70,11 +70,34 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         .holders
         .iter()
         .partition(|h| matches!(h.how, How::Import { .. }));
-    if !fd_holders.is_empty() {
-        let evidence = fd_holders
+    let unaccounted = (gpu.unaccounted_references > 0).then(|| {
+        format!(
+            "{} reference(s) to its GPU files are held outside it by processes linger has not \
+             found{}: a descriptor received over a unix socket or taken with pidfd_getfd is seen \
+             by no hook, so the processes holding GPU files are walked",
+            gpu.unaccounted_references,
+            if fd_holders.is_empty() {
+                ""
+            } else {
+                " besides these"
+            }
+        )
+    });
+    if !fd_holders.is_empty() || (importers.is_empty() && unaccounted.is_some()) {
+        let mut evidence: Vec<String> = fd_holders
             .iter()
             .map(|h| format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)))
             .collect();
+        evidence.extend(unaccounted);
+        if fd_holders.is_empty() {
+            return Some(Verdict {
+                kind: VerdictKind::SharedFd,
+                evidence,
+                hint: "the memory is freed when the last holder closes the files; `linger \
+                       holders` lists who holds GPU files now"
+                    .into(),
+            });
+        }
         let pids: Vec<String> = fd_holders.iter().map(|h| h.pid.to_string()).collect();
         return Some(Verdict {
             kind: VerdictKind::SharedFd,
@@ -239,7 +262,10 @@ fn how(h: &Holder) -> &'static str {
         How::Fork { .. } => "inherited at fork",
         How::SharedTable { .. } => "shares the descriptor table",
         How::Snapshot => "held before tracing began",
-        How::Seen { .. } => "found in its descriptor table",
+        How::Seen { .. } => {
+            "found in its descriptor table: it got them in a way no hook sees (a unix socket, \
+             pidfd_getfd)"
+        }
         How::Import { .. } => "imported",
     }
 }

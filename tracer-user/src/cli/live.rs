@@ -174,6 +174,7 @@ pub fn trace(
     );
     let awaited = gpu.awaited();
     let idle = gpu.idle();
+    let search = gpu.search_switch();
     let source = runtime.block_on(async {
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
@@ -188,6 +189,9 @@ pub fn trace(
                 let flow = report.on_event(event);
                 awaited.set_fast(report.awaiting_gpu_memory());
                 idle.store(report.is_idle(), Ordering::Relaxed);
+                if report.take_search_request() {
+                    search.store(true, Ordering::Relaxed);
+                }
                 flow
             },
         )

@@ -76,6 +76,11 @@ impl<'a, W: Write> Report<'a, W> {
         self.correlator.is_idle()
     }
 
+    /// See [`Correlator::take_search_request`].
+    pub fn take_search_request(&mut self) -> bool {
+        self.correlator.take_search_request()
+    }
+
     /// Whether an open incident waits for GPU memory to come back.
     pub fn awaiting_gpu_memory(&self) -> bool {
         self.correlator.awaiting_gpu_memory()

@@ -1,5 +1,7 @@
 //! Loads the tracer's programs with their globals and attaches them.
 
+use std::time::Instant;
+
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     Btf, Ebpf, EbpfLoader,
@@ -87,7 +89,7 @@ impl Default for ProbeConfig {
 
 /// Loaded and attached programs. Dropping it detaches everything.
 pub struct Probes {
-    ebpf: Ebpf,
+    pub(super) ebpf: Ebpf,
     /// Owns the log map: the programs fail to load without it, so it lives as long as they do.
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
     strategy: Strategy,
@@ -95,6 +97,8 @@ pub struct Probes {
     sampler: Option<Sampler>,
     /// What is attached, for the strategy record.
     attached: Vec<String>,
+    /// When the programs were last asked to walk processes (see `search`).
+    pub(super) searching_since: Option<Instant>,
 }
 
 impl Probes {
@@ -137,6 +141,7 @@ impl Probes {
             strategy: Strategy::default(),
             sampler: None,
             attached: Vec::new(),
+            searching_since: None,
         };
 
         let exit_program = if has_group_dead {
@@ -203,6 +208,7 @@ impl Probes {
         }
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
         probes.attach_btf("teardown_wakeup", "sched_wakeup", &btf)?;
+        probes.load_search(&btf);
         if config.sample_hz > 0 {
             probes.sampler = Some(Sampler::load(&mut probes.ebpf, config.sample_hz)?);
         }
@@ -316,7 +322,7 @@ impl Probes {
         Ok(())
     }
 
-    fn map_mut<K: aya::Pod, V: aya::Pod>(
+    pub(super) fn map_mut<K: aya::Pod, V: aya::Pod>(
         &mut self,
         name: &str,
     ) -> Result<HashMap<&mut MapData, K, V>> {

@@ -7,6 +7,7 @@ pub mod load;
 pub mod offsets;
 pub mod questions;
 pub mod sampling;
+mod search;
 pub mod strategy;
 pub mod tracefs;
 

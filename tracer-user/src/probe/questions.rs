@@ -86,6 +86,13 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             ),
         ),
         q(
+            "who holds a dead holder's files unseen (received over a unix socket, pidfd_getfd)",
+            "the exit walk's reference counts; then a walk of each process holding GPU files \
+             at its next tp_btf/sched_switch (a tail call)",
+            "the same",
+            "one array read per context switch; the walks run only after such a death",
+        ),
+        q(
             "GPU ioctls (allocation ledger, imports, refused allocations)",
             pick(
                 "kprobe/kretprobe on nvidia_unlocked_ioctl (decoded at its return, timed)",

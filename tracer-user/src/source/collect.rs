@@ -87,7 +87,7 @@ pub async fn run_tapped(
                 let now = boottime_ns();
                 // Bulk records do not wake us: take them now.
                 drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
-                source.refresh_dying_hint();
+                source.refresh_hints();
                 if now.saturating_sub(losses_read) >= LOSS_PERIOD.as_nanos() as u64 {
                     losses_read = now;
                     for loss in source.poll_losses(now) {
@@ -118,6 +118,9 @@ pub async fn run_tapped(
         }
         // Stack sampling costs every CPU an interrupt per sample: only while someone dies.
         if let Some(gpu) = gpu.as_deref_mut() {
+            if let Some(pids) = gpu.take_search() {
+                source.search(&pids);
+            }
             source.set_sampling(gpu.is_awaited());
             gpu.forget_stacks_if_idle();
         }

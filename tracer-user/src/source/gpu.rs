@@ -44,6 +44,8 @@ pub struct GpuSources {
     looked_up: HashSet<u32>,
     /// The last snapshot group id handed out.
     last_group: u64,
+    /// Set by the analysis when a dead holder's files have holders it does not know.
+    search: Arc<AtomicBool>,
 }
 
 impl GpuSources {
@@ -126,6 +128,7 @@ impl GpuSources {
             devices: devices.clone(),
             looked_up,
             last_group,
+            search: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -199,6 +202,29 @@ impl GpuSources {
     /// The switch the analysis sets while it has no open incident.
     pub fn idle(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.idle)
+    }
+
+    /// The switch the analysis sets when it wants the holders of GPU files searched.
+    pub fn search_switch(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.search)
+    }
+
+    /// When a search is wanted: every process holding GPU files now (from /proc), for the
+    /// programs to walk. Who got the files unseen is among them.
+    pub fn take_search(&mut self) -> Option<Vec<u32>> {
+        if !self.search.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let me = std::process::id();
+        let pids: Vec<u32> = procfs::holding_gpu_files(&self.devices)
+            .into_iter()
+            .filter(|&p| p != me)
+            .collect();
+        info!(
+            "searching {} process(es) holding GPU files for the holders of a dead process's files",
+            pids.len()
+        );
+        Some(pids)
     }
 
     /// See [`StackResolver::forget_all`]: done while the analysis has no open incident.

@@ -90,9 +90,17 @@ impl KernelSource {
         }
     }
 
-    /// See [`Probes::refresh_dying_hint`].
-    pub fn refresh_dying_hint(&mut self) {
+    /// See [`Probes::refresh_dying_hint`] and [`Probes::refresh_search`].
+    pub fn refresh_hints(&mut self) {
         self.probes.refresh_dying_hint();
+        self.probes.refresh_search();
+    }
+
+    /// See [`Probes::search`].
+    pub fn search(&mut self, pids: &[u32]) {
+        if let Err(e) = self.probes.search(pids) {
+            warn!("could not search for the holders of a dead process's files: {e}");
+        }
     }
 
     /// [`EventData::Loss`] events for what the kernel lost since the last call: ring buffer

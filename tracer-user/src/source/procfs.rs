@@ -87,6 +87,18 @@ pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
     snapshot_of(all, devices, redact_cmdline, 0)
 }
 
+/// Every process holding a GPU file now.
+pub fn holding_gpu_files(devices: &GpuDevices) -> Vec<u32> {
+    let all = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok());
+    let mut pids: Vec<u32> = scan(all, devices).into_iter().map(|f| f.pid).collect();
+    pids.dedup();
+    pids
+}
+
 /// [`snapshot`] of some processes only, group ids numbered after `last_group`.
 pub fn snapshot_of(
     pids: impl IntoIterator<Item = u32>,

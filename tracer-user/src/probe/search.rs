@@ -1,0 +1,93 @@
+//! Asking the programs to walk the descriptor tables of given processes at their next context
+//! switch (tracer-ebpf's `search`): how holders that no hook saw get their files are found.
+
+use std::time::{Duration, Instant};
+
+use aya::{
+    maps::{Array, HashMap, ProgramArray},
+    Btf,
+};
+use log::{debug, warn};
+
+use super::{attach, attach::Hook, Probes};
+use crate::error::{Error, Result};
+
+/// A process that has not run for this long after the request is left out (it holds its
+/// files asleep; it shows when it wakes or dies, or in `linger holders`).
+const SEARCH_FOR: Duration = Duration::from_secs(30);
+
+impl Probes {
+    /// Loads the walk the scheduler hook jumps to (it must be loaded for the same attach point)
+    /// and puts it in its slot. Without it, holders no hook saw stay unnamed: said, not fatal.
+    pub(super) fn load_search(&mut self, btf: &Btf) {
+        if let Err(e) = self.try_load_search(btf) {
+            warn!(
+                "the search for holders no hook saw is unavailable: {}",
+                attach::chain(&e)
+            );
+        }
+    }
+
+    fn try_load_search(&mut self, btf: &Btf) -> Result<()> {
+        let hook = Hook::TpBtf("sched_switch");
+        attach::load(&mut self.ebpf, "search_walk", &hook, Some(btf))?;
+        let program = self
+            .ebpf
+            .program("search_walk")
+            .ok_or_else(|| Error::Load("search_walk missing from the object".into()))?;
+        let fd = program
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(Into::into))
+            .map_err(|e| Error::Load(e.to_string()))?;
+        let map = self
+            .ebpf
+            .map_mut("SEARCH_WALK")
+            .ok_or_else(|| Error::Load("map SEARCH_WALK missing".into()))?;
+        let mut slots = ProgramArray::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
+        slots.set(0, &fd, 0).map_err(|e| Error::Load(e.to_string()))
+    }
+
+    /// Walks `pids` (their descriptors come as `held_at_search` records) at their next switch.
+    pub fn search(&mut self, pids: &[u32]) -> Result<()> {
+        let mut wanted: HashMap<_, u32, u8> = self.map_mut("SEARCH")?;
+        for &pid in pids {
+            // A full map leaves the rest unwalked; they are still listed by `linger holders`.
+            if let Err(e) = wanted.insert(pid, 1, 0) {
+                debug!("search: pid {pid} not asked for: {e}");
+            }
+        }
+        self.set_search_hint(1)?;
+        self.searching_since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Ends the search once every process asked for was walked, or after [`SEARCH_FOR`].
+    pub fn refresh_search(&mut self) {
+        let Some(since) = self.searching_since else {
+            return;
+        };
+        let Ok(mut wanted) = self.map_mut::<u32, u8>("SEARCH") else {
+            return;
+        };
+        let left: Vec<u32> = wanted.keys().flatten().collect();
+        if !left.is_empty() && since.elapsed() < SEARCH_FOR {
+            return;
+        }
+        for pid in left {
+            let _ = wanted.remove(&pid);
+        }
+        if self.set_search_hint(0).is_ok() {
+            self.searching_since = None;
+        }
+    }
+
+    fn set_search_hint(&mut self, v: u32) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut("SEARCH_HINT")
+            .ok_or_else(|| Error::Load("map SEARCH_HINT missing".into()))?;
+        let mut hint: Array<_, u32> =
+            Array::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
+        hint.set(0, v, 0).map_err(|e| Error::Load(e.to_string()))
+    }
+}
