@@ -286,13 +286,18 @@ impl Probes {
 
     /// Tells the driver's open and ioctl programs that they answer for the system call hooks.
     fn set_driver_answers(&mut self) -> Result<()> {
+        self.set_flag("DRIVER_ANSWERS", 1)
+    }
+
+    /// Sets slot 0 of the one-slot array `name`, a flag the programs read.
+    pub(super) fn set_flag(&mut self, name: &str, v: u32) -> Result<()> {
         let map = self
             .ebpf
-            .map_mut("DRIVER_ANSWERS")
-            .ok_or_else(|| Error::Load("map DRIVER_ANSWERS missing".into()))?;
-        let mut answers: Array<_, u32> =
+            .map_mut(name)
+            .ok_or_else(|| Error::Load(format!("map {name} missing")))?;
+        let mut flag: Array<_, u32> =
             Array::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
-        answers.set(0, 1, 0).map_err(|e| Error::Load(e.to_string()))
+        flag.set(0, v, 0).map_err(|e| Error::Load(e.to_string()))
     }
 
     /// Tells the programs which devices are GPU files, and who held them before we started.
@@ -366,14 +371,10 @@ impl Probes {
         if empty(self) != Some(true) {
             return;
         }
-        let set = |p: &mut Self, v: u32| -> Option<()> {
-            let map = p.ebpf.map_mut("DYING_HINT")?;
-            let mut hint: Array<_, u32> = Array::try_from(map).ok()?;
-            hint.set(0, v, 0).ok()
-        };
-        set(self, 0);
+        // A failed write leaves the hint set: the hooks then only look up DYING.
+        let _ = self.set_flag("DYING_HINT", 0);
         if empty(self) == Some(false) {
-            set(self, 1);
+            let _ = self.set_flag("DYING_HINT", 1);
         }
     }
 

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use aya::{
-    maps::{Array, HashMap, ProgramArray},
+    maps::{HashMap, ProgramArray},
     Btf,
 };
 use log::{debug, warn};
@@ -56,7 +56,7 @@ impl Probes {
                 debug!("search: pid {pid} not asked for: {e}");
             }
         }
-        self.set_search_hint(1)?;
+        self.set_flag("SEARCH_HINT", 1)?;
         self.searching_since = Some(Instant::now());
         Ok(())
     }
@@ -76,18 +76,8 @@ impl Probes {
         for pid in left {
             let _ = wanted.remove(&pid);
         }
-        if self.set_search_hint(0).is_ok() {
+        if self.set_flag("SEARCH_HINT", 0).is_ok() {
             self.searching_since = None;
         }
-    }
-
-    fn set_search_hint(&mut self, v: u32) -> Result<()> {
-        let map = self
-            .ebpf
-            .map_mut("SEARCH_HINT")
-            .ok_or_else(|| Error::Load("map SEARCH_HINT missing".into()))?;
-        let mut hint: Array<_, u32> =
-            Array::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
-        hint.set(0, v, 0).map_err(|e| Error::Load(e.to_string()))
     }
 }
