@@ -264,6 +264,15 @@ impl Correlator {
             )),
             _ => {}
         }
+        // A search walk lists one descriptor per record: report what it found once it is over
+        // (the next event), not descriptor by descriptor.
+        if let EventData::GpuFd {
+            op: FdOp::HeldAtSearch,
+            ..
+        } = e.data
+        {
+            return;
+        }
         self.advance(out);
     }
 
