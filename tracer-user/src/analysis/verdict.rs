@@ -72,14 +72,15 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         .partition(|h| matches!(h.how, How::Import { .. }));
     let unaccounted = (gpu.unaccounted_references > 0).then(|| {
         format!(
-            "{} reference(s) to its GPU files are held outside it by processes linger has not \
-             found{}: a descriptor received over a unix socket or taken with pidfd_getfd is seen \
-             by no hook, so the processes holding GPU files are walked",
+            "{} reference(s) to its GPU files are held outside it through descriptors linger has \
+             not seen: by a process it has not found (a descriptor received over a unix socket \
+             or taken with pidfd_getfd is seen by no hook){}; the processes holding GPU files \
+             are walked to find them",
             gpu.unaccounted_references,
             if fd_holders.is_empty() {
                 ""
             } else {
-                " besides these"
+                ", or by the holders above"
             }
         )
     });
