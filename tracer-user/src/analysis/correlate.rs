@@ -630,7 +630,10 @@ impl Correlator {
             .iter()
             // A walk lists one descriptor per record: a holder already found grows with them.
             .filter(|(_, c)| {
-                c.unaccounted > 0 || c.fd_holders.iter().any(|h| h.pid == pid && h.searched())
+                c.unaccounted > 0
+                    || c.fd_holders
+                        .iter()
+                        .any(|h| h.pid == pid && h.found_by_walk())
             })
             .map(|(id, _)| *id)
             .collect();

@@ -82,8 +82,8 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// Found by a walk of its table (the search), not by how it got the files.
-    pub fn searched(&self) -> bool {
+    /// Found by a walk of its table (the search, an exec walk), not by how it got the files.
+    pub fn found_by_walk(&self) -> bool {
         matches!(self.how, How::Seen { .. })
     }
 }
@@ -449,6 +449,19 @@ mod tests {
         }
     }
 
+    /// `parent` forks `child` (a copied table) at `ts_ns`.
+    fn fork(parent: u32, child: u32, ts_ns: u64) -> Event {
+        ev(
+            parent,
+            ts_ns,
+            EventData::Fork {
+                child_pid: child,
+                files_shared: false,
+                comm: "c".into(),
+            },
+        )
+    }
+
     fn fd(op: FdOp, fd: i32, file: u64) -> EventData {
         EventData::GpuFd {
             op,
@@ -467,15 +480,7 @@ mod tests {
         let mut h = Holders::default();
         let file = 0xffff_0000_0000_1000;
         h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
-        h.on_event(&ev(
-            10,
-            2,
-            EventData::Fork {
-                child_pid: 11,
-                files_shared: false,
-                comm: "c".into(),
-            },
-        ));
+        h.on_event(&fork(10, 11, 2));
         h.on_event(&ev(11, 3, EventData::Exec { comm: "c".into() }));
         h.on_event(&ev(11, 4, fd(FdOp::HeldAtExec, 3, file)));
         let holders = h.holders_of(&[file], 10);
@@ -490,15 +495,7 @@ mod tests {
         let mut h = Holders::default();
         let file = 0xffff_0000_0000_2000;
         h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
-        h.on_event(&ev(
-            10,
-            2,
-            EventData::Fork {
-                child_pid: 11,
-                files_shared: false,
-                comm: "c".into(),
-            },
-        ));
+        h.on_event(&fork(10, 11, 2));
         h.on_event(&ev(11, 3, EventData::Exec { comm: "c".into() }));
         assert_eq!(h.holders_of(&[file], 10).len(), 1, "held during the walk");
         // The walk lists nothing: the descriptor was closed on exec after all.
@@ -527,15 +524,7 @@ mod tests {
         h.on_event(&ev(10, 1, fd(FdOp::Open, -1, a)));
         h.on_event(&ev(10, 2, fd(FdOp::Open, -1, b)));
         assert!(h.holds_gpu_files(10));
-        h.on_event(&ev(
-            10,
-            3,
-            EventData::Fork {
-                child_pid: 11,
-                files_shared: false,
-                comm: "c".into(),
-            },
-        ));
+        h.on_event(&fork(10, 11, 3));
         let held = h.holders_of(&[a, b], 10);
         assert_eq!(held.len(), 1);
         assert!(held[0].fds.is_empty(), "no number is made up: {held:?}");

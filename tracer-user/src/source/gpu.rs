@@ -215,11 +215,7 @@ impl GpuSources {
         if !self.search.swap(false, Ordering::Relaxed) {
             return None;
         }
-        let me = std::process::id();
-        let pids: Vec<u32> = procfs::holding_gpu_files(&self.devices)
-            .into_iter()
-            .filter(|&p| p != me)
-            .collect();
+        let pids = procfs::holding_gpu_files(&self.devices);
         info!(
             "searching {} process(es) holding GPU files for the holders of a dead process's files",
             pids.len()

@@ -76,27 +76,26 @@ struct Found {
 /// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
 /// group, found with kcmp, numbered from 1), plus each holder's /proc facts.
 pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
+    snapshot_of(others(), devices, redact_cmdline, 0)
+}
+
+/// Every process holding a GPU file now (linger aside).
+pub fn holding_gpu_files(devices: &GpuDevices) -> Vec<u32> {
+    let mut pids: Vec<u32> = scan(others(), devices).into_iter().map(|f| f.pid).collect();
+    pids.dedup();
+    pids
+}
+
+/// Every process in /proc but linger: its own NVML use opens nvidiactl, which holds no GPU
+/// memory.
+fn others() -> impl Iterator<Item = u32> {
     let me = std::process::id();
-    let all = fs::read_dir("/proc")
+    fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        // linger's own NVML use opens nvidiactl; it holds no GPU memory.
-        .filter(|&pid| pid != me);
-    snapshot_of(all, devices, redact_cmdline, 0)
-}
-
-/// Every process holding a GPU file now.
-pub fn holding_gpu_files(devices: &GpuDevices) -> Vec<u32> {
-    let all = fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok());
-    let mut pids: Vec<u32> = scan(all, devices).into_iter().map(|f| f.pid).collect();
-    pids.dedup();
-    pids
+        .filter(move |&pid| pid != me)
 }
 
 /// [`snapshot`] of some processes only, group ids numbered after `last_group`.
