@@ -206,9 +206,12 @@ impl Probes {
         if config.ioctls && !config.lean && !by_driver {
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
+        // The search's slot is filled before the scheduler hook that jumps to it is loaded:
+        // filled later, the kernel would patch the jump into a program running on every
+        // context switch (a guest locked up once doing so).
+        probes.load_search(&btf);
         probes.attach_btf("teardown_switch", "sched_switch", &btf)?;
         probes.attach_btf("teardown_wakeup", "sched_wakeup", &btf)?;
-        probes.load_search(&btf);
         if config.sample_hz > 0 {
             probes.sampler = Some(Sampler::load(&mut probes.ebpf, config.sample_hz)?);
         }
