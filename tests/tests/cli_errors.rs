@@ -56,7 +56,50 @@ fn as_nobody(args: &[&str]) -> Output {
 fn missing_root_is_named() {
     // Dropping to nobody needs root in the first place.
     require_root();
-    for args in [&["live", "--duration", "1s"][..], &["doctor"], &["demo"]] {
+    for args in [
+        &["live", "--duration", "1s"][..],
+        &["doctor"],
+        &["demo"],
+        &["agent", "--duration", "1s"],
+        &["wait", "--timeout", "1s"],
+    ] {
         assert_refused(&as_nobody(args), &["root"], &args.join(" "));
     }
+}
+
+#[test]
+fn wait_without_nvml_says_it_cannot_tell_with_its_own_exit_code() {
+    require_root();
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        return; // An NVIDIA machine: `wait` can answer there (the H200 run checks it).
+    }
+    let out = linger()
+        .args(["wait", "--timeout", "1s"])
+        .output()
+        .expect("running linger");
+    // 0 clean, 1 timed out, 2 permission: anything else that stops it is 3.
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NVML"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_config_file_error_names_the_key_before_anything_is_loaded() {
+    let dir = std::env::temp_dir().join(format!("linger-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "metrics_port = 9477\n").expect("config");
+    let out = linger()
+        .args(["agent", "--config"])
+        .arg(&file)
+        .output()
+        .expect("running linger");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("metrics_port"),
+        "{out:?}"
+    );
 }

@@ -4,6 +4,7 @@
 //! stream; [`analysis`] turns it into incidents; [`sink`] renders them. Text that other users
 //! control (process names, command lines, paths) is shown through [`escape`].
 
+pub mod agent;
 pub mod analysis;
 pub mod clock;
 pub mod error;

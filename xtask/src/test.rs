@@ -12,6 +12,15 @@ use crate::{build, vm};
 
 pub fn run(args: &[String]) -> Result<()> {
     let bin = build::linger()?;
+    // The agent's tests run a real Prometheus and promtool, from Debian's package.
+    if ["prometheus", "promtool"]
+        .iter()
+        .any(|p| crate::setup::which(p).is_none())
+    {
+        vm::install(&["prometheus"])?;
+    }
+    // The Kubernetes manifests' offline schema check, from PyPI.
+    crate::setup::pip_install("kubernetes_validate", "kubernetes-validate")?;
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted.
     cargo

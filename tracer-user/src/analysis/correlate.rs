@@ -26,7 +26,7 @@ use super::{
     teardown::{DriverSpan, TeardownLog},
     termination::{self, SignalSent},
 };
-use crate::event::{DriverFunc, Event, EventData, FdOp, NvmlGpu};
+use crate::event::{DriverFunc, Event, EventData, FdOp, NvmlGpu, Workload};
 
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
 const RESULT_IGNORED: i32 = 1;
@@ -195,6 +195,7 @@ impl Correlator {
                         pid: *target_pid,
                         comm: target_comm.clone(),
                         threads: *target_threads,
+                        workload: None,
                     };
                     let discarded = *result == RESULT_IGNORED;
                     self.signal(e.ts_ns, *sig, *code, sender, target, discarded);
@@ -327,7 +328,14 @@ impl Correlator {
             && (self.config.comms.is_empty() || self.config.comms.iter().any(|c| c == comm))
     }
 
-    fn open_case(&mut self, target: Target, t_ns: u64) -> u64 {
+    /// Who `pid` ran for, as /proc said while it was alive.
+    fn workload_of(&self, pid: u32) -> Option<Workload> {
+        let info = self.holders.process(pid)?.info.as_ref()?;
+        info.workload.clone()
+    }
+
+    fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
+        target.workload = target.workload.or_else(|| self.workload_of(target.pid));
         self.next_id += 1;
         let id = self.next_id;
         self.alive.insert(target.pid, id);
@@ -415,6 +423,7 @@ impl Correlator {
             .unwrap_or_else(|| comm.to_string());
         let comm = comm.as_str();
         let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
+        let workload = self.workload_of(pid);
         let held = self.holders.group_died(pid);
         let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         let files = unique_files(held.iter().map(|h| h.file));
@@ -426,6 +435,7 @@ impl Correlator {
                     pid,
                     comm: comm.to_string(),
                     threads: 1,
+                    workload: None,
                 };
                 let id = self.open_case(target, t_ns);
                 self.alive.remove(&pid);
@@ -435,6 +445,11 @@ impl Correlator {
         };
         if let Some(id) = id {
             self.unreaped.insert(pid, id);
+            if let Some(c) = self.cases.get_mut(&id) {
+                if c.inc.target.workload.is_none() {
+                    c.inc.target.workload = workload;
+                }
+            }
             let oom = self.oom_marked.remove(&pid).is_some();
             let fd_holders = self.holders.holders_of(&files, pid);
             let role = self.role_at_death(id, pid, &files, &fd_holders);
@@ -1065,6 +1080,7 @@ impl Correlator {
     fn emit(&mut self, id: u64, record_type: &'static str) -> Output {
         let mut inc = self.snapshot(id);
         inc.record_type = record_type;
+        inc.settled = inc.t_group_dead_ns.is_some() && self.settled(id);
         let state = self.state(id);
         if let Some(c) = self.cases.get_mut(&id) {
             if record_type == "incident_update" {

@@ -11,7 +11,7 @@ use super::{
     termination::Termination,
     verdict::Verdict,
 };
-use crate::event::LossKind;
+use crate::event::{LossKind, Workload};
 
 /// Version of the JSON records; bumped when a field's meaning changes.
 pub const SCHEMA: u32 = 2;
@@ -73,6 +73,9 @@ pub struct Incident {
     pub losses: Vec<LossCount>,
     /// Still held `--linger-after` after the death.
     pub lingering: bool,
+    /// The last record of this incident: the process is dead and its memory back (or it had
+    /// none of its own); nothing about it will change.
+    pub settled: bool,
     /// For updates: what changed since the last record of this incident.
     pub changes: Vec<String>,
     /// With `--lean` or the driver's hooks in place of the system call tracepoints: what
@@ -122,6 +125,7 @@ impl Incident {
             storm: None,
             losses: Vec::new(),
             lingering: false,
+            settled: false,
             changes: Vec::new(),
             unseen: Vec::new(),
             teardown_stacks: Vec::new(),
@@ -147,6 +151,8 @@ pub enum Source {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuImpact {
+    /// NVML's index of the GPU its memory was on, once NVML listed it.
+    pub index: Option<u32>,
     /// The GPU memory this death was to give back: NVML's largest figure for the pid while
     /// it was watched, else its ledger's video bytes (`share_from`).
     pub share_bytes: u64,
@@ -227,6 +233,10 @@ pub struct Target {
     pub comm: String,
     /// Threads in the group when the signal was generated.
     pub threads: u32,
+    /// The pod, container or Slurm job it ran for, when its cgroup names one (GPU holders:
+    /// /proc is read when they open a GPU file, fork from one, or exec).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -51,6 +51,7 @@ impl Correlator {
                 gpu.share_from = "none";
             }
             if let Some(w) = w {
+                gpu.index = w.gpu;
                 gpu.bytes_nvml = w.nvml_figure();
                 gpu.nvml_used_before = w.used_before;
                 gpu.released_bytes = w.released();

@@ -39,8 +39,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sample_hz: 4999,
         no_ioctls: false,
         lean: false,
-
         driver_hooks: Default::default(),
+        kubelet_logs: tracer_user::source::workload::KUBELET_LOGS.into(),
         recording: Default::default(),
     };
     // Attach first, so the child's whole life is seen.
@@ -74,6 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &live_args,
         kill_and_reap,
         &mut std::io::stdout().lock(),
+        &mut (),
     )?;
 
     if incidents == 0 {

@@ -64,7 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map_err(Error::from)?;
     let devices = GpuDevices::discover(&args.gpu_devices)?;
     let mut holders = Holders::default();
-    for data in procfs::snapshot(&devices, false) {
+    for data in procfs::snapshot(&devices, &procfs::Describe::default()) {
         holders.on_event(&Event::collector(0, data));
     }
     let (gpus, nvml_note) = match nvml::read_once() {
@@ -126,7 +126,7 @@ fn unresolved(gpus: &[NvmlGpu], holders: &Holders) -> Vec<Unresolved> {
             pid: p.pid,
             gpu,
             bytes: p.used,
-            state: if std::path::Path::new(&format!("/proc/{}", p.pid)).exists() {
+            state: if procfs::exists(p.pid) {
                 "no_gpu_files"
             } else {
                 "dead"

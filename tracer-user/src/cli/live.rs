@@ -5,15 +5,16 @@ use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::Context;
 use log::{debug, info};
 use tracer_user::{
-    analysis::{signals, CorrelatorConfig},
+    analysis::{signals, CorrelatorConfig, Output as AnalysisOutput},
     clock::{boottime_ns, WallAnchor},
-    event::{DriverHooks, Event, EventData},
+    event::{DriverHooks, Event, EventData, Strategy},
     privileges,
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
     source::{
         collect::{self, Tap},
         gpu::GpuSources,
         kernel::KernelSource,
+        procfs, workload,
     },
 };
 
@@ -77,9 +78,23 @@ pub struct Args {
     /// kprobes on the NVIDIA driver's functions); auto takes the first the kernel allows.
     #[arg(long, value_enum, default_value_t = DriverHooks::Auto)]
     pub driver_hooks: DriverHooks,
+    /// Where the kubelet keeps its `pods/` and `containers/` log directories, which name the
+    /// pods and containers of GPU processes.
+    #[arg(long, value_name = "DIR", default_value = workload::KUBELET_LOGS)]
+    pub kubelet_logs: PathBuf,
     #[command(flatten)]
     pub recording: record::Options,
 }
+
+/// What runs beside the live pipeline and sees what it sees (the agent's metrics).
+pub trait Companion {
+    /// Once, on the collector's runtime, before the first event.
+    fn start(&mut self, _gpu: &GpuSources, _strategy: &Strategy) {}
+    fn event(&mut self, _e: &Event) {}
+    fn record(&mut self, _r: &AnalysisOutput) {}
+}
+
+impl Companion for () {}
 
 fn parse_signal(s: &str) -> Result<u32, String> {
     signals::parse(s).ok_or_else(|| format!("'{s}' is not a signal (try 9, KILL or SIGTERM)"))
@@ -98,7 +113,7 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let probes = load(&args)?;
     let ready = || eprintln!("linger: tracing fatal signals (Ctrl-C to stop)");
-    trace(probes, &args, ready, &mut std::io::stdout().lock()).map(|_| ())
+    trace(probes, &args, ready, &mut std::io::stdout().lock(), &mut ()).map(|_| ())
 }
 
 pub fn load(args: &Args) -> anyhow::Result<Probes> {
@@ -125,6 +140,7 @@ pub fn trace(
     args: &Args,
     ready: impl FnOnce(),
     out: &mut impl Write,
+    companion: &mut impl Companion,
 ) -> anyhow::Result<usize> {
     let anchor = WallAnchor::now();
     let config = CorrelatorConfig {
@@ -147,6 +163,7 @@ pub fn trace(
         count: args.count,
     };
     let mut report = Report::new(out, output, anchor, config);
+    report.keep_written();
     // Who traces and how goes first in the stream, so replays know it too.
     let me = Event::collector(
         boottime_ns(),
@@ -157,6 +174,7 @@ pub fn trace(
     recorder.event(&me);
     let _ = report.on_event(&me);
     let strategy = probes.strategy().clone();
+    let chosen = strategy.clone();
     info!("driver hooks: {}", strategy::describe(&strategy));
     for reason in &strategy.reasons {
         debug!("driver hooks: {reason}");
@@ -169,13 +187,17 @@ pub fn trace(
         &mut probes,
         &devices,
         !args.no_nvml,
-        args.recording.redact_cmdline,
+        procfs::Describe {
+            redact_cmdline: args.recording.redact_cmdline,
+            names: workload::Names::new(&args.kubelet_logs),
+        },
         args.lean,
     );
     let awaited = gpu.awaited();
     let idle = gpu.idle();
     let search = gpu.search_switch();
     let source = runtime.block_on(async {
+        companion.start(&gpu, &chosen);
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
             source,
@@ -187,6 +209,10 @@ pub fn trace(
             ready,
             |event| {
                 let flow = report.on_event(event);
+                companion.event(event);
+                for record in report.take_written() {
+                    companion.record(&record);
+                }
                 awaited.set_fast(report.awaiting_gpu_memory());
                 idle.store(report.is_idle(), Ordering::Relaxed);
                 if report.take_search_request() {

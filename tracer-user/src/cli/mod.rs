@@ -1,5 +1,7 @@
 //! Command-line interface: one file per command.
 
+mod agent;
+mod config;
 mod demo;
 mod doctor;
 mod duration;
@@ -11,6 +13,7 @@ mod record;
 mod replay;
 mod report;
 mod target;
+mod wait;
 
 use std::process::ExitCode;
 
@@ -36,6 +39,10 @@ struct Cli {
 enum Command {
     /// Trace fatal signals live and print one incident per killed process.
     Live(live::Args),
+    /// The live pipeline as a service: Prometheus metrics, an incident log.
+    // A config file's options come first: the command line's, later, override them.
+    #[command(args_override_self = true)]
+    Agent(agent::Args),
     /// Record everything traced to a file, for replay or export elsewhere.
     Record(record::Args),
     /// Run the analysis over a recorded trace: the report live tracing printed.
@@ -46,6 +53,8 @@ enum Command {
     Doctor(doctor::Args),
     /// Every process holding GPU files now, with what NVML accounts to each.
     Holders(holders::Args),
+    /// Wait until no GPU memory is accounted to dead processes (0), or time out (1).
+    Wait(wait::Args),
     /// Start a multi-threaded child, SIGKILL it and print the incident.
     Demo(demo::Args),
     /// A process for demo and tests to kill (not for users).
@@ -54,10 +63,24 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match config::expand(std::env::args_os().collect()) {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(e) => {
+            eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
+            return ExitCode::FAILURE;
+        }
+    };
     init_logging(cli.verbose);
+    if let Command::Wait(args) = cli.command {
+        // 1 is wait's timeout: its other failures exit 3 (2 still for permissions).
+        return wait::run(args).unwrap_or_else(|e| match failed(e) {
+            code if code == ExitCode::FAILURE => ExitCode::from(3),
+            code => code,
+        });
+    }
     let result = match cli.command {
         Command::Live(args) => live::run(args),
+        Command::Agent(args) => agent::run(args),
         Command::Record(args) => record::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Export(args) => export::run(args),
@@ -65,18 +88,21 @@ pub fn main() -> ExitCode {
         Command::Holders(args) => holders::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Target(args) => target::run(args),
+        Command::Wait(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // Errors quote paths and trace contents, which others may have chosen.
-            eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
-            if is_permission(&e) {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(e) => failed(e),
+    }
+}
+
+fn failed(e: anyhow::Error) -> ExitCode {
+    // Errors quote paths and trace contents, which others may have chosen.
+    eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
+    if is_permission(&e) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -52,7 +52,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     args.live.recording.path = Some(args.output);
     let probes = live::load(&args.live)?;
     let ready = || eprintln!("linger: recording (Ctrl-C to stop)");
-    live::trace(probes, &args.live, ready, &mut std::io::sink())?;
+    live::trace(probes, &args.live, ready, &mut std::io::sink(), &mut ())?;
 
     Ok(())
 }

@@ -32,6 +32,8 @@ pub struct Report<'a, W: Write> {
     /// collector runs for months.
     incidents: usize,
     failure: Option<std::io::Error>,
+    /// Records written since the last [`Report::take_written`], when someone wants them.
+    written: Option<Vec<Record>>,
 }
 
 impl<'a, W: Write> Report<'a, W> {
@@ -49,6 +51,7 @@ impl<'a, W: Write> Report<'a, W> {
             closed: Vec::new(),
             incidents: 0,
             failure: None,
+            written: None,
         }
     }
 
@@ -69,6 +72,19 @@ impl<'a, W: Write> Report<'a, W> {
         }
         self.correlator.on_event(event, &mut self.closed);
         self.emit()
+    }
+
+    /// Keeps each record written for [`Report::take_written`].
+    pub fn keep_written(&mut self) {
+        self.written.get_or_insert_with(Vec::new);
+    }
+
+    /// The records written since the last call (none unless [`Report::keep_written`]).
+    pub fn take_written(&mut self) -> Vec<Record> {
+        self.written
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// See [`Correlator::is_idle`].
@@ -124,6 +140,9 @@ impl<'a, W: Write> Report<'a, W> {
             }
             if matches!(&record, Record::Incident(i) if i.record_type == "incident") {
                 self.incidents += 1;
+            }
+            if let Some(kept) = &mut self.written {
+                kept.push(record);
             }
             if self.count_reached() {
                 return ControlFlow::Break(());

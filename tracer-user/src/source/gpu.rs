@@ -5,7 +5,7 @@
 use std::{
     collections::HashSet,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
 };
@@ -28,7 +28,7 @@ use crate::{
 pub struct GpuSources {
     startup: Vec<Event>,
     nvml: Option<(NvmlSampler, UnboundedReceiver<Event>)>,
-    redact_cmdline: bool,
+    how: procfs::Describe,
     /// Processes whose /proc facts are in the stream already.
     described: HashSet<u32>,
     stacks: Option<StackResolver>,
@@ -55,7 +55,7 @@ impl GpuSources {
         probes: &mut Probes,
         devices: &GpuDevices,
         nvml: bool,
-        redact_cmdline: bool,
+        how: procfs::Describe,
         lean: bool,
     ) -> Self {
         let now = boottime_ns();
@@ -63,7 +63,7 @@ impl GpuSources {
             majors: devices.majors.clone(),
             devs: devices.devs.clone(),
         }];
-        let snapshot = procfs::snapshot(devices, redact_cmdline);
+        let snapshot = procfs::snapshot(devices, &how);
         let mut described = HashSet::new();
         let mut holders = Vec::new();
         let mut last_group = 0;
@@ -119,7 +119,7 @@ impl GpuSources {
         Self {
             startup,
             nvml,
-            redact_cmdline,
+            how,
             described,
             stacks,
             awaited,
@@ -152,7 +152,7 @@ impl GpuSources {
         let found = procfs::snapshot_of(
             new.iter().copied(),
             &self.devices,
-            self.redact_cmdline,
+            &self.how,
             self.last_group,
         );
         let mut holders = Vec::new();
@@ -188,6 +188,18 @@ impl GpuSources {
             Some((_, rx)) => rx.recv().await,
             None => std::future::pending().await,
         }
+    }
+
+    /// NVML's driver version and the GPUs it sees, with the counter of its failed calls;
+    /// None without NVML.
+    pub fn nvml_devices(&self) -> Option<(&str, &[nvml::GpuIdentity], Arc<AtomicU64>)> {
+        self.nvml.as_ref().map(|(s, _)| {
+            (
+                s.driver.as_str(),
+                s.identities.as_slice(),
+                Arc::clone(&s.errors),
+            )
+        })
     }
 
     /// The switch the analysis sets while GPU memory is awaited.
@@ -256,7 +268,7 @@ impl GpuSources {
         if !self.described.insert(pid) {
             return None;
         }
-        procfs::proc_info(pid, self.redact_cmdline).map(|info| Event {
+        procfs::proc_info(pid, &self.how).map(|info| Event {
             ts_ns: e.ts_ns,
             cpu: e.cpu,
             pid,

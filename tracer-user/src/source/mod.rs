@@ -11,3 +11,4 @@ pub mod pace;
 pub mod procfs;
 pub mod replay;
 pub mod stacks;
+pub mod workload;

@@ -5,7 +5,10 @@
 //! costs about 10 µs on an H200), so the moment the memory is back is known to the millisecond.
 
 use std::{
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -31,6 +34,18 @@ pub struct NvmlSampler {
     thread: Option<thread::JoinHandle<()>>,
     /// Driver version and device names, for the trace header and doctor.
     pub description: String,
+    pub driver: String,
+    pub identities: Vec<GpuIdentity>,
+    /// NVML calls that failed while sampling.
+    pub errors: Arc<AtomicU64>,
+}
+
+/// Who a GPU is, in the terms dcgm-exporter labels its series with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuIdentity {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
 }
 
 impl NvmlSampler {
@@ -49,15 +64,29 @@ impl NvmlSampler {
             .map_err(|e| format!("NVML device count: {e}"))?;
         let version = nvml.sys_driver_version().unwrap_or_default();
         let description = format!("NVML driver {version}, {count} device(s)");
-        let p = Arc::clone(&pace);
+        let identities = (0..count)
+            .filter_map(|index| {
+                let d = nvml.device_by_index(index).ok()?;
+                Some(GpuIdentity {
+                    index,
+                    uuid: d.uuid().unwrap_or_default(),
+                    model: d.name().unwrap_or_default(),
+                })
+            })
+            .collect();
+        let errors = Arc::new(AtomicU64::new(0));
+        let (p, e) = (Arc::clone(&pace), Arc::clone(&errors));
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out))
+            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out, &e))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
             pace,
             thread: Some(thread),
             description,
+            driver: version,
+            identities,
+            errors,
         })
     }
 }
@@ -71,15 +100,35 @@ impl Drop for NvmlSampler {
     }
 }
 
+/// NVML opened once, for commands that read it without tracing.
+pub struct Reader {
+    nvml: Nvml,
+    count: u32,
+}
+
+impl Reader {
+    pub fn open() -> Result<Self, String> {
+        let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("NVML device count: {e}"))?;
+        Ok(Self { nvml, count })
+    }
+
+    /// One reading of every GPU.
+    pub fn read(&self) -> Vec<NvmlGpu> {
+        (0..self.count)
+            .filter_map(|i| {
+                let d = self.nvml.device_by_index(i).ok()?;
+                Some(read(i, &d, &AtomicU64::new(0)))
+            })
+            .collect()
+    }
+}
+
 /// One reading of every GPU, for commands that do not trace.
 pub fn read_once() -> Result<Vec<NvmlGpu>, String> {
-    let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
-    let count = nvml
-        .device_count()
-        .map_err(|e| format!("NVML device count: {e}"))?;
-    Ok((0..count)
-        .filter_map(|i| nvml.device_by_index(i).ok().map(|d| read(i, &d)))
-        .collect())
+    Ok(Reader::open()?.read())
 }
 
 fn sample_loop(
@@ -88,6 +137,7 @@ fn sample_loop(
     quiet: Duration,
     pace: &Pace,
     out: &UnboundedSender<Event>,
+    errors: &AtomicU64,
 ) {
     let devices: Vec<(u32, Device)> = (0..count)
         .filter_map(|i| match nvml.device_by_index(i) {
@@ -106,7 +156,7 @@ fn sample_loop(
             continue;
         }
         last = Instant::now();
-        let gpus = devices.iter().map(|(i, d)| read(*i, d)).collect();
+        let gpus = devices.iter().map(|(i, d)| read(*i, d, errors)).collect();
         let event = Event::collector(boottime_ns(), EventData::Nvml { gpus });
         if out.send(event).is_err() {
             return;
@@ -114,16 +164,18 @@ fn sample_loop(
     }
 }
 
-fn read(index: u32, device: &Device) -> NvmlGpu {
-    let (used, total) = device
-        .memory_info()
-        .map(|m| (m.used, m.total))
-        .unwrap_or((0, 0));
-    let mut processes: Vec<NvmlProcess> = device
-        .running_compute_processes()
-        .unwrap_or_default()
+/// One device's memory and processes; each failed call counts in `errors` (and reads as empty).
+fn read(index: u32, device: &Device, errors: &AtomicU64) -> NvmlGpu {
+    fn ok<T: Default, E>(r: Result<T, E>, errors: &AtomicU64) -> T {
+        r.unwrap_or_else(|_| {
+            errors.fetch_add(1, Ordering::Relaxed);
+            T::default()
+        })
+    }
+    let (used, total) = ok(device.memory_info().map(|m| (m.used, m.total)), errors);
+    let mut processes: Vec<NvmlProcess> = ok(device.running_compute_processes(), errors)
         .into_iter()
-        .chain(device.running_graphics_processes().unwrap_or_default())
+        .chain(ok(device.running_graphics_processes(), errors))
         .map(|p| NvmlProcess {
             pid: p.pid,
             used: match p.used_gpu_memory {

@@ -10,17 +10,26 @@ use std::{
 
 use tracer_common::driver::mkdev;
 
-use super::kcmp;
+use super::{kcmp, workload};
 use crate::{
     escape,
     event::{EventData, ProcInfo},
     probe::devices::GpuDevices,
 };
 
-/// comm, ppid, cmdline, cgroup, namespace pid and start time of `pid`, if it is still there.
-/// The process chose its comm and arguments: bytes that are not UTF-8 are kept as `\xNN`
-/// rather than failing the read (which would hide the process).
-pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
+/// How processes are described.
+#[derive(Clone, Debug, Default)]
+pub struct Describe {
+    /// Only the program of a command line, not its arguments.
+    pub redact_cmdline: bool,
+    /// Where pod and container names are found.
+    pub names: workload::Names,
+}
+
+/// comm, ppid, cmdline, cgroup (and the workload it names), namespace pid and start time of
+/// `pid`, if it is still there. The process chose its comm and arguments: bytes that are not
+/// UTF-8 are kept as `\xNN` rather than failing the read (which would hide the process).
+pub fn proc_info(pid: u32, how: &Describe) -> Option<ProcInfo> {
     let dir = Path::new("/proc").join(pid.to_string());
     let read = |name: &str| fs::read(dir.join(name)).map(|b| escape::bytes(&b).into_owned());
     let stat = read("stat").ok()?;
@@ -35,7 +44,7 @@ pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
         .map(|a| escape::bytes(a).into_owned());
-    let cmdline = if redact_cmdline {
+    let cmdline = if how.redact_cmdline {
         args.next().unwrap_or_default()
     } else {
         args.collect::<Vec<_>>().join(" ")
@@ -47,13 +56,8 @@ pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
         .and_then(|l| l.split_whitespace().last())
         .and_then(|p| p.parse().ok())
         .filter(|&p| p != pid);
-    let cgroup = read("cgroup")
-        .unwrap_or_default()
-        .lines()
-        .next()
-        .and_then(|l| l.splitn(3, ':').nth(2))
-        .unwrap_or_default()
-        .to_string();
+    let cgroup = workload::pick_cgroup(&read("cgroup").unwrap_or_default());
+    let workload = how.names.workload(&cgroup);
     Some(ProcInfo {
         pid,
         ppid,
@@ -62,6 +66,7 @@ pub fn proc_info(pid: u32, redact_cmdline: bool) -> Option<ProcInfo> {
         cgroup,
         ns_pid,
         start_ticks,
+        workload,
     })
 }
 
@@ -75,8 +80,8 @@ struct Found {
 
 /// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
 /// group, found with kcmp, numbered from 1), plus each holder's /proc facts.
-pub fn snapshot(devices: &GpuDevices, redact_cmdline: bool) -> Vec<EventData> {
-    snapshot_of(others(), devices, redact_cmdline, 0)
+pub fn snapshot(devices: &GpuDevices, how: &Describe) -> Vec<EventData> {
+    snapshot_of(others(), devices, how, 0)
 }
 
 /// Every process holding a GPU file now (linger aside).
@@ -84,6 +89,23 @@ pub fn holding_gpu_files(devices: &GpuDevices) -> Vec<u32> {
     let mut pids: Vec<u32> = scan(others(), devices).into_iter().map(|f| f.pid).collect();
     pids.dedup();
     pids
+}
+
+/// Whether /proc has `pid` (alive, or a zombie).
+pub fn exists(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Whether `pid` is gone: no /proc entry (dead, or in a pid namespace hidden from linger), or
+/// a zombie.
+pub fn dead_or_invisible(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, tail)| tail.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
 }
 
 /// Every process in /proc but linger: its own NVML use opens nvidiactl, which holds no GPU
@@ -102,7 +124,7 @@ fn others() -> impl Iterator<Item = u32> {
 pub fn snapshot_of(
     pids: impl IntoIterator<Item = u32>,
     devices: &GpuDevices,
-    redact_cmdline: bool,
+    how: &Describe,
     last_group: u64,
 ) -> Vec<EventData> {
     let found = scan(pids, devices);
@@ -113,7 +135,7 @@ pub fn snapshot_of(
     pids.dedup();
     events.extend(
         pids.iter()
-            .filter_map(|&p| proc_info(p, redact_cmdline))
+            .filter_map(|&p| proc_info(p, how))
             .map(EventData::ProcInfo),
     );
     events.extend(
@@ -221,7 +243,7 @@ mod tests {
         });
         let tid = tid_rx.recv().expect("the thread's id");
         // /proc/TID is there for every thread, though only processes are listed.
-        let info = proc_info(tid, false);
+        let info = proc_info(tid, &Describe::default());
         done_tx.send(()).expect("send");
         thread.join().expect("the renamed thread");
         let info = info.expect("the thread's /proc entry");

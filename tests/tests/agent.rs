@@ -1,0 +1,446 @@
+//! `linger agent` for real: a real Prometheus (Debian's package) scrapes a real agent on
+//! 127.0.0.1 while real processes holding a stand-in GPU device (a node for /dev/full) are
+//! SIGKILLed; the test asks Prometheus's HTTP API what it stored. Also the incident log's
+//! rotation, SIGHUP reopening and a full disk.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc::channel,
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::{
+        signal::{kill, Signal},
+        stat::Mode,
+    },
+    unistd::Pid,
+};
+use serde_json::Value;
+
+const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
+
+fn linger() -> String {
+    std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
+}
+
+/// A fresh directory only root can write to, removed first if an earlier run left it.
+fn private_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("linger-agent-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("temp dir");
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    dir
+}
+
+fn stand_in_device(dir: &Path) -> PathBuf {
+    let node = dir.join("gpu0");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(1, 7),
+    )
+    .expect("mknod needs root");
+    node
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Every agent sees every kill on the machine, and every stand-in device is the same node
+/// (1:7): the tests of this file run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `linger agent` on the stand-in device, once it says it traces.
+fn agent(device: &Path, port: u16, extra: &[&str]) -> Killed {
+    let mut child = Command::new(linger())
+        .args(["agent", "--no-nvml", "--linger-after", "2s", "--gpu-device"])
+        .arg(device)
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start linger agent");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("agent: {line}");
+            if line.contains("tracing") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the agent attached");
+    Killed(child)
+}
+
+/// A scenario's processes, all killed (and its own reaped) when it goes.
+struct Scenario(Killed, Vec<u32>);
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        for &pid in &self.1 {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.0 .0.wait();
+    }
+}
+
+/// A scenario process and the pids on its `ready` line (its own first).
+fn scenario(device: &Path, name: &str) -> (Scenario, Vec<u32>) {
+    let mut child = Command::new(SCENARIO)
+        .arg(device)
+        .arg(name)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start scenario");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("ready line");
+    let pids: Vec<u32> = line
+        .strip_prefix("ready ")
+        .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
+        .split_whitespace()
+        .map(|p| p.parse().expect("pid"))
+        .collect();
+    (Scenario(Killed(child), pids.clone()), pids)
+}
+
+fn sigkill(pid: u32) {
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill");
+}
+
+/// One HTTP GET on 127.0.0.1: (status line, body).
+fn get(port: u16, path: &str) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply)?;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    ))
+}
+
+/// Prometheus's answer to an instant query: the result vector.
+fn query(port: u16, promql: &str) -> Vec<Value> {
+    let encoded: String = promql
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let Ok((status, body)) = get(port, &format!("/api/v1/query?query={encoded}")) else {
+        return Vec::new();
+    };
+    assert!(status.contains("200"), "{status}: {body}");
+    let v: Value = serde_json::from_str(&body).expect("Prometheus answers JSON");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn value(sample: &Value) -> f64 {
+    sample["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
+    let _serial = serial();
+    let dir = private_dir("prometheus");
+    let device = stand_in_device(&dir);
+    let (agent_port, prom_port) = (free_port(), free_port());
+    let state = dir.join("state");
+    fs::create_dir(&state).expect("state dir");
+    let mut agent = agent(
+        &device,
+        agent_port,
+        &["--state-dir", state.to_str().expect("UTF-8")],
+    );
+    let config = dir.join("prometheus.yml");
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
+             - job_name: linger\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n"
+        ),
+    )
+    .expect("prometheus.yml");
+    let _prometheus = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus from Debian's package (apt-get install prometheus)"),
+    );
+    eventually(
+        "Prometheus to scrape the agent",
+        Duration::from_secs(30),
+        || {
+            let up = query(prom_port, "up{job=\"linger\"}");
+            (up.len() == 1 && value(&up[0]) == 1.0).then_some(())
+        },
+    );
+    let build = query(prom_port, "linger_build_info");
+    assert_eq!(build.len(), 1, "{build:?}");
+    assert_eq!(build[0]["metric"]["strategy"], "syscalls");
+
+    // A parent and its forked child share the device file; the parent is killed.
+    let (_scenario, pids) = scenario(&device, "fork-holder");
+    let (parent, child) = (pids[0], pids[1]);
+    sigkill(parent);
+    let lingering = eventually(
+        "the lingering incident in Prometheus",
+        Duration::from_secs(20),
+        || {
+            let r = query(prom_port, "linger_lingering_incidents");
+            (!r.is_empty()).then_some(r)
+        },
+    );
+    assert_eq!(lingering.len(), 1, "{lingering:?}");
+    assert_eq!(value(&lingering[0]), 1.0);
+    assert_eq!(lingering[0]["metric"]["verdict"], "shared_fd");
+    let counted = query(prom_port, "linger_incidents_total{termination=\"kill\"}");
+    assert_eq!(counted.len(), 1, "{counted:?}");
+    assert_eq!(counted[0]["metric"]["verdict"], "shared_fd");
+    assert_eq!(value(&counted[0]), 1.0);
+
+    // The holder goes: the series goes with it, and the release time is observed.
+    sigkill(child);
+    eventually(
+        "the lingering series to go",
+        Duration::from_secs(20),
+        || {
+            query(prom_port, "linger_lingering_incidents")
+                .is_empty()
+                .then_some(())
+        },
+    );
+    let released = eventually("the release histogram", Duration::from_secs(10), || {
+        let r = query(
+            prom_port,
+            "linger_release_duration_seconds_count{termination=\"kill\"}",
+        );
+        (r.len() == 1 && value(&r[0]) >= 1.0).then_some(r)
+    });
+    assert!(value(&released[0]) >= 1.0);
+
+    // SIGTERM detaches and flushes: every record is in the log, the last one settled.
+    kill(Pid::from_raw(agent.0.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    let status = agent.0.wait().expect("agent exit");
+    assert!(status.success(), "agent exited with {status}");
+    let log = fs::read_to_string(state.join("incidents.jsonl")).expect("incident log");
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let of_parent: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["target"]["pid"] == parent)
+        .collect();
+    assert_eq!(of_parent[0]["type"], "incident");
+    assert_eq!(of_parent[0]["settled"], false);
+    let last = of_parent.last().expect("records of the parent");
+    assert_eq!(last["settled"], true, "{last}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn metrics_endpoint_answers_only_what_it_serves() {
+    let _serial = serial();
+    let dir = private_dir("http");
+    let device = stand_in_device(&dir);
+    let port = free_port();
+    let _agent = agent(&device, port, &[]);
+    let (status, body) = get(port, "/healthz").expect("healthz");
+    assert!(status.contains("200"), "{status}");
+    assert_eq!(body, "ok\n");
+    let (status, body) = get(port, "/metrics").expect("metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("# TYPE linger_build info"), "{body}");
+    assert!(body.contains("linger_nvml_errors_total 0"), "{body}");
+    assert!(
+        body.ends_with("# EOF\n"),
+        "OpenMetrics ends with EOF: {body}"
+    );
+    let (status, _) = get(port, "/other").expect("404");
+    assert!(status.contains("404"), "{status}");
+    // A client that sends nothing is dropped without holding the endpoint up.
+    let _silent = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let (status, _) = get(port, "/healthz").expect("healthz while another waits");
+    assert!(status.contains("200"), "{status}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Waits until `path` holds `n` lines.
+fn lines_in(path: &Path, n: usize) -> Vec<String> {
+    eventually(
+        &format!("{n} lines in {}", path.display()),
+        Duration::from_secs(15),
+        || {
+            let text = fs::read_to_string(path).ok()?;
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            (lines.len() >= n).then_some(lines)
+        },
+    )
+}
+
+fn kill_one(device: &Path) -> u32 {
+    let (_s, pids) = scenario(device, "hold");
+    sigkill(pids[0]);
+    pids[0]
+}
+
+#[test]
+fn the_incident_log_rotates_and_reopens_on_sighup() {
+    let _serial = serial();
+    let dir = private_dir("log");
+    let device = stand_in_device(&dir);
+    let state = dir.join("state");
+    fs::create_dir(&state).expect("state dir");
+    let agent = agent(
+        &device,
+        free_port(),
+        &[
+            "--state-dir",
+            state.to_str().expect("UTF-8"),
+            "--log-max-bytes",
+            "1",
+            "--log-keep",
+            "2",
+        ],
+    );
+    let log = state.join("incidents.jsonl");
+    // Each record is bigger than the limit: every one after the first rotates.
+    for _ in 0..3 {
+        let pid = kill_one(&device);
+        eventually("the incident in the log", Duration::from_secs(15), || {
+            fs::read_to_string(&log)
+                .ok()?
+                .contains(&format!("\"pid\":{pid},"))
+                .then_some(())
+        });
+    }
+    assert!(state.join("incidents.jsonl.1").exists());
+    assert!(state.join("incidents.jsonl.2").exists());
+    assert!(
+        !state.join("incidents.jsonl.3").exists(),
+        "only --log-keep 2 kept"
+    );
+
+    // logrotate's way: move the file, then SIGHUP; the next incident goes to a new file.
+    let moved = state.join("moved.jsonl");
+    fs::rename(&log, &moved).expect("move the log");
+    kill(Pid::from_raw(agent.0.id() as i32), Signal::SIGHUP).expect("SIGHUP");
+    thread::sleep(Duration::from_millis(200));
+    let pid = kill_one(&device);
+    let lines = lines_in(&log, 1);
+    assert!(lines[0].contains(&format!("\"pid\":{pid},")), "{lines:?}");
+    assert!(!fs::read_to_string(&moved)
+        .expect("moved log")
+        .contains(&format!("\"pid\":{pid},")));
+    drop(agent);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_full_disk_is_counted_and_the_agent_carries_on() {
+    let _serial = serial();
+    let dir = private_dir("full");
+    let device = stand_in_device(&dir);
+    let state = dir.join("state");
+    fs::create_dir(&state).expect("state dir");
+    // A 64 KiB tmpfs: the log fills it.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs"])
+        .arg(&state)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mounting a tmpfs needs root");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(state.clone());
+    fs::write(state.join("filler"), vec![0u8; 60 * 1024]).expect("fill most of it");
+    let port = free_port();
+    let _agent = agent(
+        &device,
+        port,
+        &["--state-dir", state.to_str().expect("UTF-8")],
+    );
+    for _ in 0..4 {
+        kill_one(&device);
+    }
+    let errors = eventually("failed writes counted", Duration::from_secs(15), || {
+        let (_, body) = get(port, "/metrics").ok()?;
+        let n: f64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix("linger_log_write_errors_total "))?
+            .parse()
+            .ok()?;
+        (n >= 1.0).then_some(n)
+    });
+    assert!(errors >= 1.0);
+    // Still serving, still counting incidents.
+    let (_, body) = get(port, "/metrics").expect("metrics");
+    let counted: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("linger_incidents_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 4.0, "{body}");
+}

@@ -1,0 +1,179 @@
+//! Open GPU incidents as the metrics see them: which memory is still held under which labels.
+//! An incident is kept from its first record to its settled one and no longer, so the agent's
+//! memory follows the incidents open now, not all it ever saw.
+
+use std::collections::HashMap;
+
+use super::metrics::MemoryLabels;
+use crate::analysis::Incident;
+
+/// The lingering memory of one label set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    pub bytes: u64,
+    pub incidents: u64,
+}
+
+struct Open {
+    target: u32,
+    /// Labels and bytes while its memory is held; None once it is back.
+    held: Option<(MemoryLabels, u64)>,
+    release_observed: bool,
+    collateral_seen: usize,
+}
+
+/// What one record changed.
+#[derive(Debug, Default, PartialEq)]
+pub struct Change {
+    /// Seconds from the signal to the memory back, the first time a record says it is back.
+    pub released_after_s: Option<f64>,
+    /// Refused allocations not counted before.
+    pub collateral: u64,
+    /// Label sets whose totals may have changed.
+    pub touched: Vec<MemoryLabels>,
+}
+
+#[derive(Default)]
+pub struct Lingering {
+    open: HashMap<u64, Open>,
+}
+
+impl Lingering {
+    /// Takes the latest record of an incident, labelled `labels`.
+    pub fn update(&mut self, inc: &Incident, labels: MemoryLabels) -> Change {
+        let mut change = Change::default();
+        let Some(gpu) = &inc.gpu else {
+            return change;
+        };
+        let open = self.open.entry(inc.id).or_insert(Open {
+            target: inc.target.pid,
+            held: None,
+            release_observed: false,
+            collateral_seen: 0,
+        });
+        if let Some((old, _)) = open.held.take() {
+            change.touched.push(old);
+        }
+        if gpu.t_memory_back_ns.is_none() && !inc.settled {
+            let bytes = gpu.share_bytes.saturating_sub(gpu.released_bytes);
+            change.touched.push(labels.clone());
+            open.held = Some((labels, bytes));
+        }
+        if let (false, Some(back)) = (open.release_observed, gpu.t_memory_back_ns) {
+            open.release_observed = true;
+            change.released_after_s = Some(back.saturating_sub(inc.t_signal_ns) as f64 / 1e9);
+        }
+        let refused = inc.collateral.len();
+        change.collateral = refused.saturating_sub(open.collateral_seen) as u64;
+        open.collateral_seen = open.collateral_seen.max(refused);
+        if inc.settled {
+            self.open.remove(&inc.id);
+        }
+        change.touched.sort();
+        change.touched.dedup();
+        change
+    }
+
+    /// The memory held under `labels`; None when no incident has them.
+    pub fn total(&self, labels: &MemoryLabels) -> Option<Memory> {
+        self.open
+            .values()
+            .filter_map(|o| o.held.as_ref())
+            .filter(|(l, _)| l == labels)
+            .fold(None, |sum, (_, bytes)| {
+                let s: Memory = sum.unwrap_or_default();
+                Some(Memory {
+                    bytes: s.bytes + bytes,
+                    incidents: s.incidents + 1,
+                })
+            })
+    }
+
+    /// Whether `pid` is the target of an open incident (which accounts for its memory).
+    pub fn is_target(&self, pid: u32) -> bool {
+        self.open.values().any(|o| o.target == pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::incident::{GpuImpact, Target};
+
+    const GIB: u64 = 1 << 30;
+
+    fn record(id: u64, pid: u32, back: Option<u64>, settled: bool) -> Incident {
+        let target = Target {
+            pid,
+            comm: "python3".into(),
+            threads: 1,
+            workload: None,
+        };
+        let mut inc = Incident::new(id, target, 1_000_000_000);
+        inc.gpu = Some(GpuImpact {
+            share_bytes: 5 * GIB,
+            released_bytes: GIB,
+            t_memory_back_ns: back,
+            ..Default::default()
+        });
+        inc.settled = settled;
+        inc
+    }
+
+    fn labels(verdict: &str) -> MemoryLabels {
+        MemoryLabels {
+            gpu: "0".into(),
+            verdict: verdict.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn held_memory_is_summed_per_label_set_until_it_is_back() {
+        let mut l = Lingering::default();
+        let a = l.update(&record(1, 10, None, false), labels("imported"));
+        assert_eq!(a.touched, vec![labels("imported")]);
+        l.update(&record(2, 11, None, false), labels("imported"));
+        assert_eq!(
+            l.total(&labels("imported")),
+            Some(Memory {
+                bytes: 8 * GIB,
+                incidents: 2
+            })
+        );
+        assert!(l.is_target(10));
+        // Back 3.2 s after the signal: observed once, and the series loses that incident.
+        let back = l.update(
+            &record(1, 10, Some(4_200_000_000), false),
+            labels("imported"),
+        );
+        assert_eq!(back.released_after_s, Some(3.2));
+        assert_eq!(back.touched, vec![labels("imported")]);
+        assert_eq!(l.total(&labels("imported")).map(|m| m.incidents), Some(1));
+        let again = l.update(
+            &record(1, 10, Some(4_200_000_000), true),
+            labels("imported"),
+        );
+        assert_eq!(again.released_after_s, None, "observed once");
+        assert!(!l.is_target(10), "a settled incident is forgotten");
+    }
+
+    #[test]
+    fn a_new_verdict_moves_the_memory_to_its_series() {
+        let mut l = Lingering::default();
+        l.update(&record(1, 10, None, false), labels("shared_fd"));
+        let moved = l.update(&record(1, 10, None, false), labels("stuck_in_driver"));
+        assert_eq!(
+            moved.touched,
+            vec![labels("shared_fd"), labels("stuck_in_driver")]
+        );
+        assert_eq!(l.total(&labels("shared_fd")), None);
+        assert_eq!(
+            l.total(&labels("stuck_in_driver")).map(|m| m.bytes),
+            Some(4 * GIB)
+        );
+        l.update(&record(1, 10, None, true), labels("stuck_in_driver"));
+        assert_eq!(l.total(&labels("stuck_in_driver")), None);
+        assert!(l.open.is_empty(), "nothing kept once settled");
+    }
+}

@@ -1,0 +1,337 @@
+//! The agent's Prometheus metrics, fed by the live pipeline's records and events.
+//!
+//! Label names are dcgm-exporter's (`gpu`, `UUID`, `modelName`, `Hostname`, `pod`, `namespace`,
+//! `container`), so PromQL joins a linger series with `DCGM_FI_DEV_FB_USED` on them.
+
+use std::collections::HashMap;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+        info::Info,
+    },
+    registry::Registry,
+};
+
+use super::lingering::{Lingering, Memory};
+use crate::{
+    analysis::{Incident, Output as Record},
+    event::{Event, EventData, LossKind, NvmlGpu},
+    source::nvml::GpuIdentity,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IncidentLabels {
+    pub termination: String,
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TerminationLabels {
+    pub termination: String,
+}
+
+/// Where lingering memory is and whose it was.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+#[expect(
+    non_snake_case,
+    reason = "dcgm-exporter's label names, so PromQL joins with its series"
+)]
+pub struct MemoryLabels {
+    pub gpu: String,
+    pub UUID: String,
+    pub modelName: String,
+    pub Hostname: String,
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[expect(
+    non_snake_case,
+    reason = "dcgm-exporter's label names, so PromQL joins with its series"
+)]
+pub struct GpuLabels {
+    pub gpu: String,
+    pub UUID: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuIndexLabel {
+    pub gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    pub what: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    pub driver: String,
+    pub kernel: String,
+    pub strategy: String,
+}
+
+/// What the build-info series says about this agent.
+pub struct Build {
+    pub driver: String,
+    pub kernel: String,
+    pub strategy: String,
+}
+
+/// Release-time buckets in seconds: 10 ms to about 5.8 min, doubling.
+fn release_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.01, 2.0, 16)
+}
+
+pub struct Metrics {
+    incidents: Family<IncidentLabels, Counter>,
+    release: Family<TerminationLabels, Histogram>,
+    lingering_bytes: Family<MemoryLabels, Gauge>,
+    lingering_incidents: Family<MemoryLabels, Gauge>,
+    unattributed: Family<GpuLabels, Gauge>,
+    collateral: Family<GpuIndexLabel, Counter>,
+    lost: Family<WhatLabel, Counter>,
+    nvml_errors: Counter,
+    lingering: Lingering,
+    gpus: HashMap<u32, GpuIdentity>,
+    hostname: String,
+    /// The NVML error count last copied into `nvml_errors`.
+    nvml_errors_seen: u64,
+}
+
+impl Metrics {
+    /// The metrics and the registry to serve them from; `log_errors` counts the incident log's
+    /// failed writes.
+    pub fn new(
+        build: Build,
+        gpus: &[GpuIdentity],
+        hostname: String,
+        log_errors: Counter,
+    ) -> (Self, Registry) {
+        let mut registry = Registry::default();
+        let incidents = Family::<IncidentLabels, Counter>::default();
+        registry.register(
+            "linger_incidents",
+            "Process deaths linger reported, by termination mode and first verdict",
+            incidents.clone(),
+        );
+        let release = Family::<TerminationLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(release_buckets())) as fn() -> Histogram,
+        );
+        registry.register(
+            "linger_release_duration_seconds",
+            "From the fatal signal (or the exit) to the GPU memory back on the device",
+            release.clone(),
+        );
+        let lingering_bytes = Family::<MemoryLabels, Gauge>::default();
+        registry.register(
+            "linger_gpu_memory_lingering_bytes",
+            "GPU memory of dead (or SIGKILLed) processes not back yet, summed over their incidents",
+            lingering_bytes.clone(),
+        );
+        let lingering_incidents = Family::<MemoryLabels, Gauge>::default();
+        registry.register(
+            "linger_lingering_incidents",
+            "Incidents whose GPU memory is not back yet",
+            lingering_incidents.clone(),
+        );
+        let unattributed = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "linger_gpu_memory_unattributed_bytes",
+            "GPU memory NVML accounts to pids that are dead or not visible, and that no open \
+             incident explains",
+            unattributed.clone(),
+        );
+        let collateral = Family::<GpuIndexLabel, Counter>::default();
+        registry.register(
+            "linger_collateral_allocations",
+            "Allocations the driver refused other processes while a dead process's memory was held",
+            collateral.clone(),
+        );
+        let lost = Family::<WhatLabel, Counter>::default();
+        registry.register(
+            "linger_lost_records",
+            "What the kernel side could not record (ring buffer full, maps full)",
+            lost.clone(),
+        );
+        let nvml_errors = Counter::default();
+        registry.register(
+            "linger_nvml_errors",
+            "NVML calls that failed",
+            nvml_errors.clone(),
+        );
+        registry.register(
+            "linger_log_write_errors",
+            "Incident log lines that could not be written (disk full, unwritable)",
+            log_errors,
+        );
+        registry.register(
+            "linger_build",
+            "The agent's version, the NVIDIA driver, the kernel and how linger traces here",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                driver: build.driver,
+                kernel: build.kernel,
+                strategy: build.strategy,
+            }),
+        );
+        let metrics = Self {
+            incidents,
+            release,
+            lingering_bytes,
+            lingering_incidents,
+            unattributed,
+            collateral,
+            lost,
+            nvml_errors,
+            lingering: Lingering::default(),
+            gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
+            hostname,
+            nvml_errors_seen: 0,
+        };
+        (metrics, registry)
+    }
+
+    /// NVML's count of failed calls so far.
+    pub fn nvml_errors_total(&mut self, total: u64) {
+        let new = total.saturating_sub(self.nvml_errors_seen);
+        if new > 0 {
+            self.nvml_errors.inc_by(new);
+            self.nvml_errors_seen = total;
+        }
+    }
+
+    pub fn on_event(&mut self, e: &Event, dead_or_invisible: impl Fn(u32) -> bool) {
+        match &e.data {
+            EventData::Loss { count, what } => {
+                self.lost
+                    .get_or_create(&WhatLabel {
+                        what: loss_label(*what).into(),
+                    })
+                    .inc_by(*count);
+            }
+            EventData::Nvml { gpus } => self.unattributed_from(gpus, dead_or_invisible),
+            _ => {}
+        }
+    }
+
+    pub fn on_record(&mut self, record: &Record) {
+        let Record::Incident(inc) = record else {
+            return;
+        };
+        if inc.record_type == "incident" {
+            self.incidents
+                .get_or_create(&IncidentLabels {
+                    termination: inc.termination.mode.label().into(),
+                    verdict: verdict_label(inc),
+                })
+                .inc();
+        }
+        let labels = self.memory_labels(inc);
+        let change = self.lingering.update(inc, labels);
+        if let Some(secs) = change.released_after_s {
+            self.release
+                .get_or_create(&TerminationLabels {
+                    termination: inc.termination.mode.label().into(),
+                })
+                .observe(secs);
+        }
+        if change.collateral > 0 {
+            self.collateral
+                .get_or_create(&GpuIndexLabel {
+                    gpu: gpu_label(inc.gpu.as_ref().and_then(|g| g.index)),
+                })
+                .inc_by(change.collateral);
+        }
+        for labels in change.touched {
+            self.refresh(&labels);
+        }
+    }
+
+    /// Sets (or removes, when no incident has them any more) the series of `labels`.
+    fn refresh(&self, labels: &MemoryLabels) {
+        match self.lingering.total(labels) {
+            Some(Memory { bytes, incidents }) => {
+                self.lingering_bytes.get_or_create(labels).set(bytes as i64);
+                self.lingering_incidents
+                    .get_or_create(labels)
+                    .set(incidents as i64);
+            }
+            None => {
+                self.lingering_bytes.remove(labels);
+                self.lingering_incidents.remove(labels);
+            }
+        }
+    }
+
+    fn memory_labels(&self, inc: &Incident) -> MemoryLabels {
+        let index = inc.gpu.as_ref().and_then(|g| g.index);
+        let gpu = index.and_then(|i| self.gpus.get(&i));
+        let who = inc.target.workload.as_ref();
+        MemoryLabels {
+            gpu: gpu_label(index),
+            UUID: gpu.map(|g| g.uuid.clone()).unwrap_or_default(),
+            modelName: gpu.map(|g| g.model.clone()).unwrap_or_default(),
+            Hostname: self.hostname.clone(),
+            pod: who.and_then(|w| w.pod.clone()).unwrap_or_default(),
+            namespace: who.and_then(|w| w.namespace.clone()).unwrap_or_default(),
+            container: who.and_then(|w| w.container.clone()).unwrap_or_default(),
+            verdict: verdict_label(inc),
+        }
+    }
+
+    /// Memory NVML accounts to pids that are gone (or not visible here) and that no open
+    /// incident counts already: the article's "no such process" figure.
+    fn unattributed_from(&mut self, gpus: &[NvmlGpu], dead_or_invisible: impl Fn(u32) -> bool) {
+        for g in gpus {
+            let bytes: u64 = g
+                .processes
+                .iter()
+                .filter(|p| !self.lingering.is_target(p.pid) && dead_or_invisible(p.pid))
+                .filter_map(|p| p.used)
+                .sum();
+            let labels = GpuLabels {
+                gpu: g.index.to_string(),
+                UUID: self
+                    .gpus
+                    .get(&g.index)
+                    .map(|i| i.uuid.clone())
+                    .unwrap_or_default(),
+            };
+            self.unattributed.get_or_create(&labels).set(bytes as i64);
+        }
+    }
+}
+
+fn gpu_label(index: Option<u32>) -> String {
+    index.map(|i| i.to_string()).unwrap_or_default()
+}
+
+fn verdict_label(inc: &Incident) -> String {
+    inc.verdict
+        .as_ref()
+        .and_then(|v| serde_json::to_value(v.kind).ok())
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_else(|| "none".into())
+}
+
+fn loss_label(what: LossKind) -> &'static str {
+    match what {
+        LossKind::Ring => "ring",
+        LossKind::Tracked => "tracked",
+        LossKind::Holders => "holders",
+        LossKind::Dying => "dying",
+        LossKind::Blocked => "blocked",
+        LossKind::Helpers => "helpers",
+        LossKind::Stacks => "stacks",
+    }
+}

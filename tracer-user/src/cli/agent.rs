@@ -1,0 +1,177 @@
+//! `linger agent`: the live pipeline for systemd and DaemonSets, with Prometheus metrics on
+//! `--metrics-listen` and the incidents as JSON lines in `--state-dir`.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use prometheus_client::metrics::counter::Counter;
+use tracer_user::{
+    agent::{
+        http,
+        metrics::{Build, Metrics},
+    },
+    analysis::Output as Record,
+    event::{Event, EventData, Strategy},
+    output::IncidentLog,
+    source::{gpu::GpuSources, procfs},
+};
+
+use super::live::{self, Companion};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Options from a TOML file: each key a long option of this command (`metrics_listen =
+    /// "0.0.0.0:9477"`, `lean = true`, `gpu_device = ["/dev/x"]`); options given on the
+    /// command line win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where Prometheus scrapes `/metrics` (and `/healthz`). Keep it on localhost unless a
+    /// proxy in front of it authenticates scrapers (docs/agent.md).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9477")]
+    pub metrics_listen: SocketAddr,
+    /// Directory for the incident log (`incidents.jsonl`, rotated by size); without it
+    /// incidents go to stdout as JSON lines.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Rotate the incident log when it would grow past this many bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub log_max_bytes: u64,
+    /// Rotated incident logs kept.
+    #[arg(long, default_value_t = 4)]
+    pub log_keep: usize,
+    #[command(flatten)]
+    pub live: live::Args,
+}
+
+/// NVML readings come every millisecond while memory is awaited; the unattributed figure is
+/// worked out at most this often.
+const UNATTRIBUTED_EVERY: Duration = Duration::from_millis(200);
+
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    args.live.json = true;
+    let listener = std::net::TcpListener::bind(args.metrics_listen)
+        .with_context(|| format!("listening on {} for metrics", args.metrics_listen))?;
+    listener
+        .set_nonblocking(true)
+        .context("making the metrics listener non-blocking")?;
+    let addr = listener.local_addr().unwrap_or(args.metrics_listen);
+    let log_errors = Counter::default();
+    let reopen = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reopen))
+        .context("handling SIGHUP")?;
+    let probes = live::load(&args.live)?;
+    let mut agent = Agent {
+        listener: Some(listener),
+        log_errors: log_errors.clone(),
+        metrics: None,
+        unattributed_at: None,
+        nvml_errors: None,
+    };
+    let ready = || eprintln!("linger agent: tracing; metrics on http://{addr}/metrics");
+    match &args.state_dir {
+        Some(dir) => {
+            let mut log =
+                IncidentLog::open(dir, args.log_max_bytes, args.log_keep, reopen, log_errors)?;
+            eprintln!("linger agent: incidents to {}", log.path().display());
+            live::trace(probes, &args.live, ready, &mut log, &mut agent)?;
+        }
+        None => {
+            live::trace(
+                probes,
+                &args.live,
+                ready,
+                &mut std::io::stdout().lock(),
+                &mut agent,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+struct Agent {
+    listener: Option<std::net::TcpListener>,
+    log_errors: Counter,
+    metrics: Option<Metrics>,
+    unattributed_at: Option<Instant>,
+    nvml_errors: Option<Arc<AtomicU64>>,
+}
+
+impl Companion for Agent {
+    fn start(&mut self, gpu: &GpuSources, strategy: &Strategy) {
+        let nvml = gpu.nvml_devices();
+        let uname = nix::sys::utsname::uname().ok();
+        let of_uname = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
+            uname
+                .as_ref()
+                .map(|u| f(u).to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let build = Build {
+            driver: nvml
+                .as_ref()
+                .map(|(d, _, _)| d.to_string())
+                .unwrap_or_default(),
+            kernel: of_uname(|u| u.release()),
+            strategy: strategy_label(strategy).into(),
+        };
+        let gpus = nvml
+            .as_ref()
+            .map(|(_, g, _)| g.to_vec())
+            .unwrap_or_default();
+        let hostname = of_uname(|u| u.nodename());
+        let (metrics, registry) = Metrics::new(build, &gpus, hostname, self.log_errors.clone());
+        self.metrics = Some(metrics);
+        if let Some(listener) = self.listener.take() {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => {
+                    tokio::spawn(http::serve(l, Arc::new(registry)));
+                }
+                Err(e) => eprintln!("linger agent: metrics listener: {e}"),
+            }
+        }
+        self.nvml_errors = nvml.map(|(_, _, e)| e);
+    }
+
+    fn event(&mut self, e: &Event) {
+        let Some(metrics) = self.metrics.as_mut() else {
+            return;
+        };
+        if let EventData::Nvml { .. } = e.data {
+            if self
+                .unattributed_at
+                .is_some_and(|t| t.elapsed() < UNATTRIBUTED_EVERY)
+            {
+                return;
+            }
+            self.unattributed_at = Some(Instant::now());
+        }
+        if let (EventData::Tick, Some(errors)) = (&e.data, &self.nvml_errors) {
+            metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
+        }
+        metrics.on_event(e, procfs::dead_or_invisible);
+    }
+
+    fn record(&mut self, r: &Record) {
+        if let Some(m) = self.metrics.as_mut() {
+            m.on_record(r);
+        }
+    }
+}
+
+fn strategy_label(s: &Strategy) -> &'static str {
+    if s.lean {
+        "lean"
+    } else if s.by_driver {
+        "driver"
+    } else {
+        "syscalls"
+    }
+}
