@@ -16,9 +16,15 @@ PORT = 19477
 os.makedirs(os.path.join(OUT, "state"), mode=0o700, exist_ok=True)
 
 
+LATENCY_MS = []
+
+
 def metrics():
+    t0 = time.monotonic()
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
-        return r.read().decode()
+        text = r.read().decode()
+    LATENCY_MS.append(round((time.monotonic() - t0) * 1000, 2))
+    return text
 
 
 def series(text, name):
@@ -37,7 +43,8 @@ def until(pred, timeout_s=30):
 
 def wait_cmd(*args):
     t0 = time.monotonic()
-    p = subprocess.run([L, "wait", "--json", *args], capture_output=True, text=True)
+    p = subprocess.run([L, "wait", "--json", "--state-dir", os.path.join(OUT, "state"), *args],
+                       capture_output=True, text=True)
     return {"rc": p.returncode, "s": round(time.monotonic() - t0, 3),
             "out": p.stdout.strip(), "err": p.stderr.strip()}
 
@@ -63,12 +70,22 @@ child = v.info["children"][0]
 time.sleep(1)
 t_kill = kill(v.pid)
 t_reaped = reap(v.pid)
-t_seen, held_text = until(lambda t: any('verdict="shared_fd"' in l and not l.endswith(" 0")
-                                        for l in series(t, "linger_gpu_memory_lingering_bytes")))
+unattributed = []
+
+
+def held(t):
+    unattributed.extend(l.rsplit(" ", 1)[1] for l in
+                        series(t, "linger_gpu_memory_unattributed_bytes"))
+    return any('verdict="shared_fd"' in l and not l.endswith(" 0")
+               for l in series(t, "linger_gpu_memory_lingering_bytes"))
+
+
+t_seen, held_text = until(held)
 r.update(victim=v.pid, child=child, t_kill_ns=t_kill, t_reaped_ns=t_reaped,
          t_lingering_seen_ns=t_seen, held=held_text)
 time.sleep(2)
 r["held_3s"] = metrics()
+r["unattributed_while_polling"] = unattributed
 r["nvml_held_bytes"] = poll.now()[1] - idle
 r["wait_while_held"] = wait_cmd("--timeout", "2s")
 
@@ -81,7 +98,9 @@ r.update(t_series_gone_ns=t_gone, after=gone_text)
 r["wait_after"] = wait_cmd("--timeout", "10s")
 agent.send_signal(signal.SIGTERM)
 r["agent_rc"] = agent.wait(timeout=60)
+r["scrape_ms"] = {"n": len(LATENCY_MS), "max": max(LATENCY_MS),
+                  "median": sorted(LATENCY_MS)[len(LATENCY_MS) // 2]}
 poll.stop()
 json.dump(r, open(os.path.join(OUT, "agent.json"), "w"), indent=1)
 print(json.dumps({k: r[k] for k in r if k.startswith("t_") or k.startswith("wait") or k in
-                  ("victim", "child", "agent_rc", "nvml_held_bytes")}, indent=1))
+                  ("victim", "child", "agent_rc", "nvml_held_bytes", "scrape_ms")}, indent=1))

@@ -24,10 +24,12 @@ fn linger() -> String {
 
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
-    ["pass1", "pass2", "pass3", "pass4", "pass5", "lean", "lean2"]
-        .iter()
-        .map(|p| root.join(p))
-        .collect()
+    [
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "lean", "lean2",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect()
 }
 
 /// Every pass's scenarios, replayed once for all tests.

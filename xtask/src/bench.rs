@@ -9,6 +9,7 @@ mod report;
 mod ring;
 mod rounds;
 mod sampling;
+mod soak;
 mod stats;
 mod storms;
 mod tax;
@@ -72,6 +73,8 @@ pub struct Plan {
     /// Calls per part of a syscall-tax run, and rounds.
     pub tax_calls: u32,
     pub tax_rounds: u32,
+    /// Plain processes the agent soak kills.
+    pub soak_kills: u32,
 }
 
 impl Plan {
@@ -108,6 +111,7 @@ impl Plan {
             replay_rounds: 3,
             tax_calls: 200_000,
             tax_rounds: 10,
+            soak_kills: 100_000,
         }
     }
 
@@ -139,6 +143,7 @@ impl Plan {
             replay_rounds: 1,
             tax_calls: 50_000,
             tax_rounds: 2,
+            soak_kills: 10_000,
             ..Self::full()
         }
     }
@@ -153,12 +158,13 @@ pub const REPLAY_TARGET_PER_S: f64 = 20e6;
 /// The stand-in GPU device (a node for /dev/full) the benchmarks make and use.
 pub const GPU_DEVICE: &str = "target/bench/gpu0";
 /// The benchmark programs, built by `cargo xtask bench`.
-pub const BINARIES: [&str; 5] = [
+pub const BINARIES: [&str; 6] = [
     "linger-bench-storm",
     "linger-bench-dying",
     "linger-bench-ring",
     "linger-bench-trace",
     "linger-bench-replay",
+    "linger-bench-soak",
 ];
 
 /// One benchmark command and the JSON it printed.
@@ -183,6 +189,8 @@ pub struct Results {
     pub replay: Measured,
     /// The `syscalls` workload beside perf, linger and linger --lean.
     pub tax: Measured,
+    /// `linger agent` over many kills.
+    pub soak: Measured,
 }
 
 /// Where and when the figures were taken.
@@ -374,7 +382,20 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
         variants.extend(["--variant", v.as_str()]);
     }
     let tax = storm("syscalls", plan.tax_calls, plan.tax_rounds, &variants)?;
+    let soak = measure(
+        root,
+        &[
+            "target/release/linger-bench-soak",
+            "--linger",
+            "target/release/linger",
+            "--kills",
+            &plan.soak_kills.to_string(),
+            "--nice",
+            &nice,
+        ],
+    )?;
     Ok(Results {
+        soak,
         storm: storms,
         tax,
         sweep,

@@ -16,8 +16,26 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_HEAD: usize = 8192;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves `registry` on `listener` until the runtime stops.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
+/// Serves `registry` on `listener` from a thread of its own, so that a busy collector (a kill
+/// storm, 1 kHz NVML readings) never delays a scrape.
+pub fn spawn(listener: std::net::TcpListener, registry: Arc<Registry>) -> io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("linger-metrics".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(l) => serve(l, registry).await,
+                    Err(e) => log::warn!("metrics listener: {e}"),
+                }
+            })
+        })?;
+    Ok(())
+}
+
+async fn serve(listener: TcpListener, registry: Arc<Registry>) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {

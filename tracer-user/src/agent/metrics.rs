@@ -106,7 +106,18 @@ pub struct Metrics {
     hostname: String,
     /// The NVML error count last copied into `nvml_errors`.
     nvml_errors_seen: u64,
+    /// Whether a pid is gone (or not visible here).
+    dead_or_invisible: fn(u32) -> bool,
+    /// The latest NVML reading, for the unattributed figure.
+    last_reading: Vec<NvmlGpu>,
+    /// Groups that died lately (pid → when): their memory is an incident's before its first
+    /// record says so.
+    recent_deaths: HashMap<u32, u64>,
 }
+
+/// How long a death counts as explained before its incident is reported (the first record
+/// comes within 1 s of a death, `slow_after`).
+const RECENT_DEATH_NS: u64 = 5_000_000_000;
 
 impl Metrics {
     /// The metrics and the registry to serve them from; `log_errors` counts the incident log's
@@ -116,6 +127,7 @@ impl Metrics {
         gpus: &[GpuIdentity],
         hostname: String,
         log_errors: Counter,
+        dead_or_invisible: fn(u32) -> bool,
     ) -> (Self, Registry) {
         let mut registry = Registry::default();
         let incidents = Family::<IncidentLabels, Counter>::default();
@@ -197,6 +209,9 @@ impl Metrics {
             gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
             hostname,
             nvml_errors_seen: 0,
+            dead_or_invisible,
+            last_reading: Vec::new(),
+            recent_deaths: HashMap::new(),
         };
         (metrics, registry)
     }
@@ -210,7 +225,8 @@ impl Metrics {
         }
     }
 
-    pub fn on_event(&mut self, e: &Event, dead_or_invisible: impl Fn(u32) -> bool) {
+    /// An event of the stream; NVML readings are for [`Metrics::on_reading`].
+    pub fn on_event(&mut self, e: &Event) {
         match &e.data {
             EventData::Loss { count, what } => {
                 self.lost
@@ -219,9 +235,21 @@ impl Metrics {
                     })
                     .inc_by(*count);
             }
-            EventData::Nvml { gpus } => self.unattributed_from(gpus, dead_or_invisible),
+            EventData::TaskExit {
+                group_dead: true, ..
+            } => {
+                self.recent_deaths.insert(e.pid, e.ts_ns);
+            }
             _ => {}
         }
+    }
+
+    /// An NVML reading at `ts_ns`: the unattributed figure anew.
+    pub fn on_reading(&mut self, ts_ns: u64, gpus: &[NvmlGpu]) {
+        self.recent_deaths
+            .retain(|_, t| ts_ns.saturating_sub(*t) < RECENT_DEATH_NS);
+        self.last_reading = gpus.to_vec();
+        self.unattributed();
     }
 
     pub fn on_record(&mut self, record: &Record) {
@@ -252,8 +280,12 @@ impl Metrics {
                 })
                 .inc_by(change.collateral);
         }
+        let changed = !change.touched.is_empty();
         for labels in change.touched {
             self.refresh(&labels);
+        }
+        if changed {
+            self.unattributed();
         }
     }
 
@@ -290,13 +322,18 @@ impl Metrics {
     }
 
     /// Memory NVML accounts to pids that are gone (or not visible here) and that no open
-    /// incident counts already: the article's "no such process" figure.
-    fn unattributed_from(&mut self, gpus: &[NvmlGpu], dead_or_invisible: impl Fn(u32) -> bool) {
-        for g in gpus {
+    /// incident (or one about to be reported) counts already: the article's "no such
+    /// process" figure, from the latest reading.
+    fn unattributed(&self) {
+        for g in &self.last_reading {
             let bytes: u64 = g
                 .processes
                 .iter()
-                .filter(|p| !self.lingering.is_target(p.pid) && dead_or_invisible(p.pid))
+                .filter(|p| {
+                    !self.lingering.is_target(p.pid)
+                        && !self.recent_deaths.contains_key(&p.pid)
+                        && (self.dead_or_invisible)(p.pid)
+                })
                 .filter_map(|p| p.used)
                 .sum();
             let labels = GpuLabels {

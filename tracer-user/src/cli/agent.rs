@@ -127,14 +127,17 @@ impl Companion for Agent {
             .map(|(_, g, _)| g.to_vec())
             .unwrap_or_default();
         let hostname = of_uname(|u| u.nodename());
-        let (metrics, registry) = Metrics::new(build, &gpus, hostname, self.log_errors.clone());
+        let (metrics, registry) = Metrics::new(
+            build,
+            &gpus,
+            hostname,
+            self.log_errors.clone(),
+            procfs::dead_or_invisible,
+        );
         self.metrics = Some(metrics);
         if let Some(listener) = self.listener.take() {
-            match tokio::net::TcpListener::from_std(listener) {
-                Ok(l) => {
-                    tokio::spawn(http::serve(l, Arc::new(registry)));
-                }
-                Err(e) => eprintln!("linger agent: metrics listener: {e}"),
+            if let Err(e) = http::spawn(listener, Arc::new(registry)) {
+                eprintln!("linger agent: metrics endpoint: {e}");
             }
         }
         self.nvml_errors = nvml.map(|(_, _, e)| e);
@@ -144,19 +147,23 @@ impl Companion for Agent {
         let Some(metrics) = self.metrics.as_mut() else {
             return;
         };
-        if let EventData::Nvml { .. } = e.data {
-            if self
-                .unattributed_at
-                .is_some_and(|t| t.elapsed() < UNATTRIBUTED_EVERY)
-            {
-                return;
+        match &e.data {
+            EventData::Nvml { gpus } => {
+                if self
+                    .unattributed_at
+                    .is_none_or(|t| t.elapsed() >= UNATTRIBUTED_EVERY)
+                {
+                    self.unattributed_at = Some(Instant::now());
+                    metrics.on_reading(e.ts_ns, gpus);
+                }
             }
-            self.unattributed_at = Some(Instant::now());
+            EventData::Tick => {
+                if let Some(errors) = &self.nvml_errors {
+                    metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
+                }
+            }
+            _ => metrics.on_event(e),
         }
-        if let (EventData::Tick, Some(errors)) = (&e.data, &self.nvml_errors) {
-            metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
-        }
-        metrics.on_event(e, procfs::dead_or_invisible);
     }
 
     fn record(&mut self, r: &Record) {

@@ -3,18 +3,21 @@
 //! or until the timeout; then says who still holds what, and why.
 
 use std::{
-    path::PathBuf,
+    fs,
+    path::{Path, PathBuf},
     process::ExitCode,
     thread,
     time::{Duration, Instant},
 };
 
 use serde::Serialize;
+use serde_json::Value;
 use tracer_user::{
     analysis::holders::Holders,
     error::Error,
     escape,
     event::{Event, NvmlGpu},
+    output::INCIDENT_LOG,
     privileges,
     probe::devices::GpuDevices,
     sink::json,
@@ -40,6 +43,10 @@ pub struct Args {
     /// Treat this char device as a GPU file too (repeatable), when naming holders.
     #[arg(long = "gpu-device", value_name = "PATH")]
     gpu_devices: Vec<PathBuf>,
+    /// The agent's state directory: its incident log says who holds a dead process's memory
+    /// and why (without it, only the processes that might).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/linger")]
+    state_dir: PathBuf,
 }
 
 /// Memory NVML accounts to a dead pid.
@@ -50,10 +57,21 @@ struct Dead {
     bytes: Option<u64>,
     /// `gone` (no such process) or `zombie` (dead, not reaped yet).
     state: &'static str,
+    /// The agent's latest word on its death, when its incident log has it.
+    incident: Option<Known>,
 }
 
-/// A live process holding GPU files that NVML does not list: what keeps a dead process's
-/// memory, when it inherited or received its files.
+/// What the agent's incident log says about a death.
+#[derive(Serialize)]
+struct Known {
+    id: u64,
+    verdict: String,
+    hint: String,
+    /// Holders still alive.
+    holders: Vec<Holder>,
+}
+
+/// A live process holding GPU files.
 #[derive(Serialize)]
 struct Holder {
     pid: u32,
@@ -67,10 +85,14 @@ struct Report {
     clean: bool,
     waited_ms: u64,
     dead: Vec<Dead>,
-    holders: Vec<Holder>,
-    /// `released`, `shared_fd` (live holders of GPU files NVML does not list), `not_reaped`
-    /// (the dead processes are zombies), or `pid_unresolved` (nobody visible holds it).
-    verdict: &'static str,
+    /// Without the agent's word: live processes holding GPU files that NVML does not list,
+    /// among them whoever inherited or received the dead processes' files (and processes
+    /// that only read NVML).
+    candidates: Vec<Holder>,
+    /// `released`; the agent's verdict (`shared_fd`, `imported`, ...) when its log has the
+    /// death; else `not_reaped` (the dead are zombies), `unknown_holder` (candidates exist),
+    /// or `pid_unresolved` (nobody visible holds GPU files).
+    verdict: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -86,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .into_iter()
             .filter(|g| args.gpus.is_empty() || args.gpus.contains(&g.index))
             .collect();
-        let dead = dead_of(&gpus);
+        let dead = dead_of(&gpus, &args.state_dir);
         let timed_out = args.timeout.is_some_and(|t| start.elapsed() >= t);
         if dead.is_empty() || timed_out {
             let report = report(dead, &gpus, &devices, start.elapsed());
@@ -105,8 +127,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn dead_of(gpus: &[NvmlGpu]) -> Vec<Dead> {
-    gpus.iter()
+fn dead_of(gpus: &[NvmlGpu], state_dir: &Path) -> Vec<Dead> {
+    let mut dead: Vec<Dead> = gpus
+        .iter()
         .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
         .filter(|(_, p)| procfs::dead_or_invisible(p.pid))
         .map(|(gpu, p)| Dead {
@@ -118,8 +141,52 @@ fn dead_of(gpus: &[NvmlGpu]) -> Vec<Dead> {
             } else {
                 "gone"
             },
+            incident: None,
         })
+        .collect();
+    if !dead.is_empty() {
+        let log = agent_log(state_dir);
+        for d in &mut dead {
+            d.incident = log.iter().rev().find_map(|r| known(r, d.pid));
+        }
+    }
+    dead
+}
+
+/// The agent's incident log, oldest record first; empty when there is none.
+fn agent_log(state_dir: &Path) -> Vec<Value> {
+    fs::read_to_string(state_dir.join(INCIDENT_LOG))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
+}
+
+fn known(record: &Value, pid: u32) -> Option<Known> {
+    if record["target"]["pid"] != pid || !record["type"].as_str()?.starts_with("incident") {
+        return None;
+    }
+    let holders = record["holders"]
+        .as_array()?
+        .iter()
+        .filter(|h| h["t_released_ns"].is_null())
+        .filter_map(|h| {
+            Some(Holder {
+                pid: h["pid"].as_u64()? as u32,
+                comm: h["comm"].as_str()?.to_string(),
+            })
+        })
+        .filter(|h| procfs::exists(h.pid))
+        .collect();
+    Some(Known {
+        id: record["id"].as_u64()?,
+        verdict: record["verdict"]["kind"].as_str()?.to_string(),
+        hint: record["verdict"]["hint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        holders,
+    })
 }
 
 fn report(dead: Vec<Dead>, gpus: &[NvmlGpu], devices: &GpuDevices, waited: Duration) -> Report {
@@ -131,31 +198,32 @@ fn report(dead: Vec<Dead>, gpus: &[NvmlGpu], devices: &GpuDevices, waited: Durat
         gpus.iter()
             .any(|g| g.processes.iter().any(|p| p.pid == pid))
     };
-    let holders: Vec<Holder> = if dead.is_empty() {
+    let candidates: Vec<Holder> = if dead.is_empty() {
         Vec::new()
     } else {
         table
             .all()
-            // Another linger holds nvidiactl for its own NVML reads, never GPU memory.
-            .filter(|(pid, p)| !listed(*pid) && p.comm != "linger" && !p.fds.is_empty())
+            .filter(|(pid, p)| !listed(*pid) && !p.fds.is_empty())
             .map(|(pid, p)| Holder {
                 pid,
                 comm: p.comm.clone(),
             })
             .collect()
     };
-    let verdict = match () {
-        _ if dead.is_empty() => "released",
-        _ if !holders.is_empty() => "shared_fd",
-        _ if dead.iter().all(|d| d.state == "zombie") => "not_reaped",
-        _ => "pid_unresolved",
+    let agent = dead.iter().find_map(|d| d.incident.as_ref());
+    let verdict = match (dead.is_empty(), agent) {
+        (true, _) => "released".to_string(),
+        (false, Some(k)) => k.verdict.clone(),
+        _ if dead.iter().all(|d| d.state == "zombie") => "not_reaped".into(),
+        _ if !candidates.is_empty() => "unknown_holder".into(),
+        _ => "pid_unresolved".into(),
     };
     Report {
         record_type: "wait",
         clean: dead.is_empty(),
         waited_ms: waited.as_millis() as u64,
         dead,
-        holders,
+        candidates,
         verdict,
     }
 }
@@ -185,20 +253,33 @@ fn render(r: &Report) -> String {
             }
         ));
     }
-    match r.verdict {
-        "shared_fd" => {
-            let who: Vec<String> = r
-                .holders
-                .iter()
-                .map(|h| format!("{}[{}]", escape::terminal(&h.comm), h.pid))
-                .collect();
-            s.push_str(&format!(
-                "  held through its GPU files by {}: the memory comes back when they close \
-                 them or exit\n",
-                who.join(", ")
-            ));
-        }
+    let names = |hs: &[Holder]| -> String {
+        hs.iter()
+            .map(|h| format!("{}[{}]", escape::terminal(&h.comm), h.pid))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for k in r.dead.iter().filter_map(|d| d.incident.as_ref()) {
+        s.push_str(&format!(
+            "  incident {}: {}{}\n",
+            k.id,
+            escape::terminal(&k.hint),
+            if k.holders.is_empty() {
+                String::new()
+            } else {
+                format!(" (held by {})", names(&k.holders))
+            }
+        ));
+    }
+    match r.verdict.as_str() {
+        _ if r.dead.iter().any(|d| d.incident.is_some()) => {}
         "not_reaped" => s.push_str("  the parent must reap it (or exit) first\n"),
+        "unknown_holder" => s.push_str(&format!(
+            "  processes holding GPU files NVML does not list (a child that inherited them, a \
+             process that received them, or one only reading NVML): {}; `linger agent` would \
+             know which\n",
+            names(&r.candidates)
+        )),
         _ => s.push_str(
             "  no visible process holds GPU files NVML does not list (another pid namespace, \
              or a teardown still under way): `linger holders` lists who holds what\n",

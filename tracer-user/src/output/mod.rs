@@ -12,5 +12,5 @@ mod incident_log;
 mod state_dir;
 
 pub use file::{Existing, OutputError, OutputFile};
-pub use incident_log::IncidentLog;
+pub use incident_log::{IncidentLog, FILE_NAME as INCIDENT_LOG};
 pub use state_dir::{check_state_dir, StateDirError};

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::{
     ioctl, ring,
     rounds::Rounds,
-    sampling,
+    sampling, soak,
     stats::{summarize, Summary},
     storms, tax, trace, Machine, Measured, Plan, Results, BINARIES,
 };
@@ -47,6 +47,7 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
         &mut targets,
     )?;
     tax::section(&mut body, plan, &results.tax, &mut targets)?;
+    soak::section(&mut body, &results.soak, &mut targets)?;
 
     let mut md = String::new();
     md.push_str("# Benchmarks\n\n");
