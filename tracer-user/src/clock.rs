@@ -32,6 +32,12 @@ impl WallAnchor {
         boot_ns as i128 + self.realtime_minus_boottime_ns
     }
 
+    /// RFC 3339 in UTC to the millisecond (`2026-12-01T14:26:36.409Z`).
+    pub fn rfc3339(&self, boot_ns: u64) -> Option<String> {
+        let ts = jiff::Timestamp::from_nanosecond(self.wall_ns(boot_ns)).ok()?;
+        Some(format!("{ts:.3}"))
+    }
+
     /// `HH:MM:SS.mmm` in the system's time zone.
     pub fn format_local(&self, boot_ns: u64) -> String {
         let tz = jiff::tz::TimeZone::system();

@@ -24,6 +24,13 @@ pub struct Incident {
     pub schema: u32,
     /// One per process death, in this run; updates carry the same id.
     pub id: u64,
+    /// The machine and boot it happened on: with `id` and `wall_time`, incidents from many
+    /// nodes, boots and runs merge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Node>,
+    /// `t_signal_ns` as wall-clock time, RFC 3339 in UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wall_time: Option<String>,
     /// Every fatal signal that led to the death, and the mode they add up to.
     pub termination: Termination,
     /// The signal that ended it (the SIGKILL of an escalation); 0 for `exit`.
@@ -95,6 +102,8 @@ impl Incident {
             record_type: "incident",
             schema: SCHEMA,
             id,
+            node: None,
+            wall_time: None,
             termination: Termination {
                 mode: super::termination::Mode::Exit,
                 signals: Vec::new(),
@@ -131,6 +140,13 @@ impl Incident {
             teardown_stacks: Vec::new(),
         }
     }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Node {
+    pub host: String,
+    /// /proc/sys/kernel/random/boot_id; null for recordings made before it was kept.
+    pub boot_id: Option<String>,
 }
 
 /// Where the evidence for a time came from.

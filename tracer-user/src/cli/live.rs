@@ -5,7 +5,7 @@ use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::Context;
 use log::{debug, info};
 use tracer_user::{
-    analysis::{signals, CorrelatorConfig, Output as AnalysisOutput},
+    analysis::{incident::Node, signals, CorrelatorConfig, Output as AnalysisOutput},
     clock::{boottime_ns, WallAnchor},
     event::{DriverHooks, Event, EventData, Strategy},
     privileges,
@@ -14,7 +14,7 @@ use tracer_user::{
         collect::{self, Tap},
         gpu::GpuSources,
         kernel::KernelSource,
-        procfs, workload,
+        machine, procfs, workload,
     },
 };
 
@@ -162,7 +162,12 @@ pub fn trace(
         events: args.events,
         count: args.count,
     };
-    let mut report = Report::new(out, output, anchor, config);
+    let machine = machine::read();
+    let node = Node {
+        host: machine.host,
+        boot_id: machine.boot_id,
+    };
+    let mut report = Report::new(out, output, anchor, config, node);
     report.keep_written();
     // Who traces and how goes first in the stream, so replays know it too.
     let me = Event::collector(

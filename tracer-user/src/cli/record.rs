@@ -8,10 +8,9 @@ use tracer_user::{
     clock::{boottime_ns, WallAnchor},
     escape,
     output::{Existing, OutputFile},
-    probe::load::DEFAULT_FATAL_SIGNALS,
-    trace::{
-        meta::AnalysisDefaults, snapshot, writer, EndSummary, TraceMeta, TraceWriter, WriterOptions,
-    },
+    probe::{devices, load::DEFAULT_FATAL_SIGNALS},
+    source::{machine, nvml, procfs},
+    trace::{meta::AnalysisDefaults, writer, EndSummary, TraceMeta, TraceWriter, WriterOptions},
 };
 
 use super::live;
@@ -75,7 +74,14 @@ pub fn start(
         ring_size: args.ring_size,
         analysis: AnalysisDefaults::new(config, args.count),
         redacted_cmdlines: args.recording.redact_cmdline,
-        ..TraceMeta::collect(anchor)
+        ..TraceMeta::describe(
+            anchor,
+            &machine::read(),
+            &machine::proc_devices()
+                .map(|d| devices::nvidia_listing(&d))
+                .unwrap_or_default(),
+            nvml::library_version(),
+        )
     };
     let options = WriterOptions {
         zstd_level: (!args.recording.uncompressed).then_some(1),
@@ -84,7 +90,7 @@ pub fn start(
     let existing = Existing::replace_if(args.recording.force);
     let mut w = writer::create(path, existing, &meta, options)
         .with_context(|| format!("creating the trace file {}", escape::path(path)))?;
-    w.processes(&snapshot::processes(args.recording.redact_cmdline));
+    w.processes(&procfs::processes(args.recording.redact_cmdline));
     Ok(Some(w))
 }
 

@@ -5,7 +5,7 @@ use std::{io::Write, ops::ControlFlow};
 
 use serde_json::json;
 use tracer_user::{
-    analysis::{Correlator, CorrelatorConfig, Output as Record},
+    analysis::{incident::Node, Correlator, CorrelatorConfig, Output as Record},
     clock::WallAnchor,
     escape,
     event::{Event, EventData, LossKind},
@@ -34,6 +34,8 @@ pub struct Report<'a, W: Write> {
     failure: Option<std::io::Error>,
     /// Records written since the last [`Report::take_written`], when someone wants them.
     written: Option<Vec<Record>>,
+    /// Where the events happened, stamped on every incident record.
+    node: Node,
 }
 
 impl<'a, W: Write> Report<'a, W> {
@@ -42,6 +44,7 @@ impl<'a, W: Write> Report<'a, W> {
         output: Output,
         anchor: WallAnchor,
         config: CorrelatorConfig,
+        node: Node,
     ) -> Self {
         Self {
             out,
@@ -52,6 +55,7 @@ impl<'a, W: Write> Report<'a, W> {
             incidents: 0,
             failure: None,
             written: None,
+            node,
         }
     }
 
@@ -123,7 +127,11 @@ impl<'a, W: Write> Report<'a, W> {
     }
 
     fn emit(&mut self) -> ControlFlow<()> {
-        for record in std::mem::take(&mut self.closed) {
+        for mut record in std::mem::take(&mut self.closed) {
+            if let Record::Incident(inc) = &mut record {
+                inc.node = Some(self.node.clone());
+                inc.wall_time = self.anchor.rfc3339(inc.t_signal_ns);
+            }
             let written = if self.output.json {
                 json::write_line(self.out, &record)
             } else {

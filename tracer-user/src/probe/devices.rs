@@ -27,7 +27,7 @@ pub struct GpuDevices {
 impl GpuDevices {
     /// The NVIDIA majors registered now, plus `extra` device paths.
     pub fn discover(extra: &[impl AsRef<Path>]) -> Result<Self> {
-        let text = fs::read_to_string("/proc/devices")?;
+        let text = crate::source::machine::proc_devices()?;
         let mut devices = Self {
             majors: nvidia_majors(&text),
             devs: Vec::new(),
@@ -43,21 +43,43 @@ impl GpuDevices {
     }
 }
 
+/// A major of an NVIDIA driver in /proc/devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverMajor {
+    pub name: String,
+    pub major: u32,
+    /// Listed among the character devices (else the block devices).
+    pub char: bool,
+}
+
+/// The NVIDIA drivers' majors in a /proc/devices listing, character and block.
+pub fn nvidia_listing(proc_devices: &str) -> Vec<DriverMajor> {
+    let mut char = true;
+    let mut out = Vec::new();
+    for line in proc_devices.lines() {
+        if line.starts_with("Block") {
+            char = false;
+        }
+        let mut words = line.split_whitespace();
+        if let (Some(Ok(major)), Some(name)) = (words.next().map(str::parse), words.next()) {
+            if NVIDIA_DRIVERS.contains(&name) {
+                out.push(DriverMajor {
+                    name: name.into(),
+                    major,
+                    char,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// The char majors of the NVIDIA drivers in a /proc/devices listing.
 pub fn nvidia_majors(proc_devices: &str) -> Vec<u32> {
-    let chars = proc_devices
-        .split("Block devices:")
-        .next()
-        .unwrap_or_default();
-    let mut majors: Vec<u32> = chars
-        .lines()
-        .filter_map(|l| {
-            let (major, name) = l.trim().split_once(' ')?;
-            NVIDIA_DRIVERS
-                .contains(&name.trim())
-                .then(|| major.parse().ok())
-                .flatten()
-        })
+    let mut majors: Vec<u32> = nvidia_listing(proc_devices)
+        .into_iter()
+        .filter(|d| d.char)
+        .map(|d| d.major)
         .collect();
     majors.sort_unstable();
     majors.dedup();
@@ -94,5 +116,16 @@ mod tests {
             .and_then(|s| s.split("\n== ").next())
             .expect("the recording has a /proc/devices section");
         assert_eq!(nvidia_majors(listing), vec![195, 238, 241]);
+    }
+
+    #[test]
+    fn the_listing_has_both_sections() {
+        let devices =
+            "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-uvm\n511 nvidia-frontend\n\n\
+                       Block devices:\n  8 sd\n259 blkext\n";
+        let m = nvidia_listing(devices);
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert_eq!((m[0].major, m[0].name.as_str()), (195, "nvidia"));
+        assert_eq!((m[1].major, m[1].char), (508, true));
     }
 }

@@ -130,7 +130,7 @@ fn try_hook(ebpf: &mut Ebpf, name: &str, btf: Option<&Btf>) -> Result<(), Attach
 fn kernel_line() -> String {
     // Lockdown decides which helpers work; it is read from securityfs.
     let _ = tracefs::ensure_securityfs();
-    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = crate::source::machine::read().kernel_release;
     let lockdown = fs::read_to_string("/sys/kernel/security/lockdown")
         .ok()
         .and_then(|s| {
@@ -143,13 +143,13 @@ fn kernel_line() -> String {
 }
 
 fn driver_check() -> Check {
-    match fs::read_to_string("/proc/driver/nvidia/version") {
-        Ok(v) => Check {
+    match crate::source::machine::driver() {
+        Some(v) => Check {
             name: "nvidia_driver",
             ok: true,
-            detail: v.lines().next().unwrap_or_default().trim().to_string(),
+            detail: v,
         },
-        Err(_) => Check {
+        None => Check {
             name: "nvidia_driver",
             ok: false,
             detail: "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version missing)".into(),

@@ -126,6 +126,11 @@ impl Reader {
     }
 }
 
+/// The NVML library's version; None when it does not load.
+pub fn library_version() -> Option<String> {
+    Nvml::init().ok().and_then(|n| n.sys_nvml_version().ok())
+}
+
 /// One reading of every GPU, for commands that do not trace.
 pub fn read_once() -> Result<Vec<NvmlGpu>, String> {
     Ok(Reader::open()?.read())

@@ -15,6 +15,7 @@ use crate::{
     escape,
     event::{EventData, ProcInfo},
     probe::devices::GpuDevices,
+    trace::snapshot::Process,
 };
 
 /// How processes are described.
@@ -33,22 +34,10 @@ pub fn proc_info(pid: u32, how: &Describe) -> Option<ProcInfo> {
     let dir = Path::new("/proc").join(pid.to_string());
     let read = |name: &str| fs::read(dir.join(name)).map(|b| escape::bytes(&b).into_owned());
     let stat = read("stat").ok()?;
-    // comm is in parentheses and may contain spaces or parentheses: split at the last ')'.
-    let (head, tail) = stat.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1.to_string();
-    let fields: Vec<&str> = tail.split_whitespace().collect();
-    let ppid = fields.get(1)?.parse().ok()?;
-    let start_ticks = fields.get(19)?.parse().ok()?;
-    let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
-    let mut args = cmdline
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| escape::bytes(a).into_owned());
-    let cmdline = if how.redact_cmdline {
-        args.next().unwrap_or_default()
-    } else {
-        args.collect::<Vec<_>>().join(" ")
-    };
+    let stat = Stat::parse(&stat)?;
+    let (comm, ppid) = (stat.comm.to_string(), stat.field(1)?);
+    let start_ticks = stat.field(19)?;
+    let cmdline = arguments(pid, how.redact_cmdline).join(" ");
     let status = read("status").unwrap_or_default();
     let ns_pid = status
         .lines()
@@ -68,6 +57,68 @@ pub fn proc_info(pid: u32, how: &Describe) -> Option<ProcInfo> {
         start_ticks,
         workload,
     })
+}
+
+/// `/proc/PID/stat`: `pid (comm) state ppid ...`, the comm holding any bytes, spaces and
+/// parentheses included.
+struct Stat<'a> {
+    comm: &'a str,
+    /// The fields after the comm, from the state on.
+    rest: Vec<&'a str>,
+}
+
+impl<'a> Stat<'a> {
+    fn parse(stat: &'a str) -> Option<Self> {
+        let (head, tail) = stat.rsplit_once(')')?;
+        Some(Self {
+            comm: head.split_once('(')?.1,
+            rest: tail.split_whitespace().collect(),
+        })
+    }
+
+    /// Field `n` after the comm (0: the state, 1: the ppid, 19: the start time).
+    fn field<T: std::str::FromStr>(&self, n: usize) -> Option<T> {
+        self.rest.get(n)?.parse().ok()
+    }
+}
+
+/// A process's arguments (only the program when `redact`), bytes that are not UTF-8 kept as
+/// `\xNN`; empty for kernel threads.
+fn arguments(pid: u32, redact: bool) -> Vec<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| escape::bytes(a).into_owned())
+        .collect();
+    if redact {
+        args.truncate(1);
+    }
+    args
+}
+
+/// Every process now (linger included), for a trace's process snapshot. Processes that exit
+/// while it is read are left out.
+pub fn processes(redact_cmdline: bool) -> Vec<Process> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<Process> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+            let stat = escape::bytes(&stat);
+            let stat = Stat::parse(&stat)?;
+            Some(Process {
+                pid,
+                ppid: stat.field(1)?,
+                comm: stat.comm.to_string(),
+                cmdline: arguments(pid, redact_cmdline),
+            })
+        })
+        .collect();
+    out.sort_by_key(|p| p.pid);
+    out
 }
 
 /// One GPU descriptor found in /proc.
@@ -99,13 +150,13 @@ pub fn exists(pid: u32) -> bool {
 /// Whether `pid` is gone: no /proc entry (dead, or in a pid namespace hidden from linger), or
 /// a zombie.
 pub fn dead_or_invisible(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, tail)| tail.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
+    let Ok(stat) = fs::read(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let stat = escape::bytes(&stat);
+    Stat::parse(&stat)
+        .and_then(|s| s.field::<String>(0))
+        .is_none_or(|state| state == "Z" || state == "X")
 }
 
 /// Every process in /proc but linger: its own NVML use opens nvidiactl, which holds no GPU
@@ -249,5 +300,28 @@ mod tests {
         let info = info.expect("the thread's /proc entry");
         assert_eq!(info.comm, "\x1b]0;pwn\x07\\xff(x) y");
         assert_eq!(info.ppid, nix::unistd::getppid().as_raw() as u32);
+    }
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let s = Stat::parse("42 (a) b (c)) S 7 42 42 0").expect("parsed");
+        assert_eq!((s.comm, s.field::<u32>(1)), ("a) b (c)", Some(7)));
+        assert!(Stat::parse("garbage").is_none());
+    }
+
+    #[test]
+    fn the_process_listing_redacts_to_the_program() {
+        let me = std::process::id();
+        let find = |redact| {
+            processes(redact)
+                .into_iter()
+                .find(|p| p.pid == me)
+                .expect("own process")
+        };
+        let (full, redacted) = (find(false), find(true));
+        assert!(redacted.cmdline.len() <= 1);
+        assert_eq!(redacted.cmdline.first(), full.cmdline.first());
+        assert_eq!(full.ppid, nix::unistd::getppid().as_raw() as u32);
+        assert!(!dead_or_invisible(me));
     }
 }

@@ -3,13 +3,13 @@
 //! JSON, so fields can be added within a major version: readers ignore fields they do not know
 //! and default the ones an older recorder did not write.
 
-use std::fs;
-
 use serde::{Deserialize, Serialize};
 
 use crate::{
     analysis::CorrelatorConfig,
     clock::{boottime_ns, WallAnchor},
+    probe::devices::DriverMajor,
+    source::machine::Machine,
 };
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +18,8 @@ pub struct TraceMeta {
     /// linger version that wrote the file.
     pub recorder: String,
     pub host: String,
+    /// /proc/sys/kernel/random/boot_id of the recording machine; null from older recorders.
+    pub boot_id: Option<String>,
     /// `uname -r` and `uname -v`.
     pub kernel_release: String,
     pub kernel_version: String,
@@ -26,7 +28,7 @@ pub struct TraceMeta {
     pub driver: Option<String>,
     /// NVML library version; null when NVML could not be loaded.
     pub nvml: Option<String>,
-    /// Character and block device majors whose name contains "nvidia" (/proc/devices).
+    /// Character and block device majors of the NVIDIA drivers (/proc/devices).
     pub device_majors: Vec<DeviceMajor>,
     /// CLOCK_REALTIME - CLOCK_BOOTTIME in ns when recording started: wall time of any `ts_ns`.
     pub realtime_minus_boottime_ns: i64,
@@ -83,28 +85,31 @@ impl AnalysisDefaults {
 }
 
 impl TraceMeta {
-    /// Describes this machine now; the caller fills in the recording options.
-    pub fn collect(anchor: &WallAnchor) -> Self {
-        let proc = |name: &str| {
-            fs::read_to_string(format!("/proc/sys/kernel/{name}"))
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default()
-        };
+    /// Describes `machine` now (`nvml`: the NVML library's version, when it loads); the
+    /// caller fills in the recording options.
+    pub fn describe(
+        anchor: &WallAnchor,
+        machine: &Machine,
+        devices: &[DriverMajor],
+        nvml: Option<String>,
+    ) -> Self {
         Self {
             recorder: env!("CARGO_PKG_VERSION").into(),
-            host: proc("hostname"),
-            kernel_release: proc("osrelease"),
-            kernel_version: proc("version"),
+            host: machine.host.clone(),
+            boot_id: machine.boot_id.clone(),
+            kernel_release: machine.kernel_release.clone(),
+            kernel_version: machine.kernel_version.clone(),
             arch: std::env::consts::ARCH.into(),
-            driver: fs::read_to_string("/proc/driver/nvidia/version")
-                .ok()
-                .and_then(|v| v.lines().next().map(|l| l.trim().to_string())),
-            nvml: nvml_wrapper::Nvml::init()
-                .ok()
-                .and_then(|n| n.sys_nvml_version().ok()),
-            device_majors: fs::read_to_string("/proc/devices")
-                .map(|s| nvidia_majors(&s))
-                .unwrap_or_default(),
+            driver: machine.driver.clone(),
+            nvml,
+            device_majors: devices
+                .iter()
+                .map(|d| DeviceMajor {
+                    name: d.name.clone(),
+                    major: d.major,
+                    class: if d.char { "char" } else { "block" }.into(),
+                })
+                .collect(),
             realtime_minus_boottime_ns: anchor.realtime_minus_boottime_ns as i64,
             time_zone: jiff::tz::TimeZone::system().iana_name().map(str::to_string),
             start_boot_ns: boottime_ns(),
@@ -116,42 +121,5 @@ impl TraceMeta {
         WallAnchor {
             realtime_minus_boottime_ns: self.realtime_minus_boottime_ns as i128,
         }
-    }
-}
-
-/// `/proc/devices`: a "Character devices:" and a "Block devices:" section of `major name` lines.
-fn nvidia_majors(devices: &str) -> Vec<DeviceMajor> {
-    let mut class = "char";
-    let mut out = Vec::new();
-    for line in devices.lines() {
-        if line.starts_with("Block") {
-            class = "block";
-        }
-        let mut words = line.split_whitespace();
-        if let (Some(Ok(major)), Some(name)) = (words.next().map(str::parse), words.next()) {
-            if name.contains("nvidia") {
-                out.push(DeviceMajor {
-                    name: name.into(),
-                    major,
-                    class: class.into(),
-                });
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn majors_come_from_both_sections() {
-        let devices = "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n\n\
-                       Block devices:\n  8 sd\n259 blkext\n";
-        let m = nvidia_majors(devices);
-        assert_eq!(m.len(), 2);
-        assert_eq!((m[0].major, m[0].name.as_str()), (195, "nvidia-frontend"));
-        assert_eq!((m[1].major, m[1].class.as_str()), (508, "char"));
     }
 }
