@@ -10,6 +10,7 @@ pub mod notice;
 mod references;
 pub mod signals;
 mod snapshot;
+pub mod stats;
 pub mod storm;
 pub mod teardown;
 pub mod termination;

@@ -12,6 +12,7 @@ mod progress;
 mod record;
 mod replay;
 mod report;
+mod stats;
 mod target;
 mod wait;
 
@@ -53,6 +54,8 @@ enum Command {
     Doctor(doctor::Args),
     /// Every process holding GPU files now, with what NVML accounts to each.
     Holders(holders::Args),
+    /// Release times, residue and collateral across incidents: logs, JSON output, traces.
+    Stats(stats::Args),
     /// Wait until no GPU memory is accounted to dead processes (0), or time out (1).
     Wait(wait::Args),
     /// Start a multi-threaded child, SIGKILL it and print the incident.
@@ -86,6 +89,7 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Holders(args) => holders::run(args),
+        Command::Stats(args) => stats::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Target(args) => target::run(args),
         Command::Wait(_) => unreachable!("handled above"),

@@ -1,0 +1,344 @@
+//! `linger stats FILE|DIR...`: the article's table from real incidents. Incident logs and
+//! live or replay JSON output (`*.jsonl`, `*.json`) are read as they are; trace files
+//! (`*.trace`) are replayed through the analysis first. The same incident met in several
+//! inputs counts once.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::Write,
+    ops::ControlFlow,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{json, Value};
+use tracer_user::{
+    analysis::{
+        stats::{groups, By, Group, Incidents, Sample, Summary},
+        Correlator,
+    },
+    escape,
+    sink::json as json_sink,
+    source::replay::Replay,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Incident logs, JSON output of `live`/`replay`, trace files, or directories of them.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// What a row is.
+    #[arg(long, value_enum, default_value_t = By::Termination)]
+    by: By,
+    /// Only incidents at or after this wall-clock time (RFC 3339, e.g. 2026-12-01T00:00:00Z;
+    /// incidents without one, from older recordings, are left out).
+    #[arg(long)]
+    since: Option<jiff::Timestamp>,
+    /// Only incidents on this GPU (NVML index; repeatable).
+    #[arg(long = "gpu")]
+    gpus: Vec<u64>,
+    /// Only incidents of this command name (repeatable).
+    #[arg(long = "comm")]
+    comms: Vec<String>,
+    /// Only incidents of this pod (repeatable).
+    #[arg(long = "pod")]
+    pods: Vec<String>,
+    /// One JSON object.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// Comma-separated values, one row per group.
+    #[arg(long)]
+    csv: bool,
+}
+
+/// What could not be read, said on stderr and in the JSON.
+#[derive(Default)]
+struct Skipped {
+    notes: Vec<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    for input in &args.inputs {
+        collect(input, &mut files)?;
+    }
+    let mut incidents = Incidents::default();
+    let mut skipped = Skipped::default();
+    let mut read = 0;
+    for file in &files {
+        let records = match file.extension().and_then(|e| e.to_str()) {
+            Some("trace") => replayed(file, &mut skipped),
+            _ => lines(file, &mut skipped),
+        };
+        read += 1;
+        for r in &records {
+            if let Some(s) = Sample::from_record(r).filter(|s| wanted(&args, s)) {
+                incidents.add(s);
+            }
+        }
+    }
+    for note in &skipped.notes {
+        eprintln!("linger stats: {}", escape::terminal(note));
+    }
+    let rows = groups(incidents.samples(), args.by);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = json!({
+            "type": "stats",
+            "by": format!("{:?}", args.by).to_lowercase(),
+            "files": read,
+            "groups": rows,
+            "skipped": skipped.notes,
+        });
+        json_sink::write_line(&mut out, &report)?;
+    } else if args.csv {
+        out.write_all(csv(&rows).as_bytes())?;
+    } else {
+        out.write_all(escape::terminal_lines(&table(&rows, args.by, read)).as_bytes())?;
+    }
+    Ok(())
+}
+
+fn wanted(args: &Args, s: &Sample) -> bool {
+    let since = args.since.is_none_or(|t| {
+        s.wall_time
+            .as_deref()
+            .and_then(|w| w.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|w| w >= t)
+    });
+    since
+        && (args.gpus.is_empty() || s.gpu.is_some_and(|g| args.gpus.contains(&g)))
+        && (args.comms.is_empty() || args.comms.contains(&s.comm))
+        && (args.pods.is_empty() || s.pod.as_ref().is_some_and(|p| args.pods.contains(p)))
+}
+
+/// Files under `input`, in name order (a directory recursively).
+fn collect(input: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let meta = fs::metadata(input).map_err(|e| anyhow::anyhow!("{}: {e}", escape::path(input)))?;
+    if !meta.is_dir() {
+        files.push(input.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = fs::read_dir(input)?.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for e in entries {
+        let ext = e.extension().and_then(|x| x.to_str());
+        if e.is_dir() {
+            collect(&e, files)?;
+        } else if matches!(ext, Some("jsonl" | "json" | "trace")) {
+            files.push(e);
+        }
+    }
+    Ok(())
+}
+
+/// The JSON lines of a file; lines that are not JSON are counted and skipped.
+fn lines(file: &Path, skipped: &mut Skipped) -> Vec<Value> {
+    let text = match fs::read(file) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => {
+            skipped.notes.push(format!("{}: {e}", escape::path(file)));
+            return Vec::new();
+        }
+    };
+    let mut bad = 0;
+    let values = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            let v = serde_json::from_str(l).ok();
+            bad += usize::from(v.is_none());
+            v
+        })
+        .collect();
+    if bad > 0 {
+        skipped.notes.push(format!(
+            "{}: {bad} line(s) that are not JSON skipped (a truncated or damaged log)",
+            escape::path(file)
+        ));
+    }
+    values
+}
+
+/// The incident records the analysis makes of a trace file, as JSON.
+fn replayed(file: &Path, skipped: &mut Skipped) -> Vec<Value> {
+    let mut replay = match Replay::open(file) {
+        Ok(r) => r,
+        Err(e) => {
+            skipped.notes.push(format!("{}: {e}", escape::path(file)));
+            return Vec::new();
+        }
+    };
+    let mut correlator = Correlator::new(replay.meta().analysis.config.clone());
+    let mut out = Vec::new();
+    let result = replay.run(
+        |e| {
+            correlator.on_event(e, &mut out);
+            ControlFlow::Continue(())
+        },
+        |_| {},
+    );
+    if let Err(e) = result {
+        // What was read before the damage still counts.
+        skipped.notes.push(format!(
+            "{}: {e}; the incidents before it are counted",
+            escape::path(file)
+        ));
+    }
+    let read = replay.read_stats();
+    for d in &read.damage {
+        skipped.notes.push(format!(
+            "{}: skipped {} damaged bytes at offset {} ({}); the incidents around them may be \
+             incomplete",
+            escape::path(file),
+            d.bytes,
+            d.offset,
+            d.reason
+        ));
+    }
+    if read.chunks_lost > 0 {
+        skipped.notes.push(format!(
+            "{}: {} chunk(s) missing",
+            escape::path(file),
+            read.chunks_lost
+        ));
+    }
+    correlator.finish(&mut out);
+    out.iter()
+        .filter_map(|r| serde_json::to_value(r).ok())
+        .collect()
+}
+
+fn ms(s: &Option<Summary>, f: fn(&Summary) -> f64) -> String {
+    s.as_ref().map_or("-".into(), |s| fmt_ms(f(s)))
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} s", v / 1000.0)
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
+fn pct(share: f64) -> String {
+    format!("{:.0} %", share * 100.0)
+}
+
+fn table(rows: &[Group], by: By, files: usize) -> String {
+    let head = [
+        format!("{by:?}").to_lowercase(),
+        "n".into(),
+        "release mean ± sd".into(),
+        "p50".into(),
+        "p95".into(),
+        "max".into(),
+        "residue 1s".into(),
+        "residue 30s".into(),
+        "collateral".into(),
+        "phase".into(),
+        "apart".into(),
+    ];
+    let mut cells: Vec<Vec<String>> = vec![head.to_vec()];
+    for g in rows {
+        let r = &g.release_ms;
+        cells.push(vec![
+            g.group.clone(),
+            g.count.to_string(),
+            r.as_ref().map_or("-".into(), |s| {
+                format!("{} ± {}", fmt_ms(s.mean), fmt_ms(s.sd))
+            }),
+            ms(r, |s| s.p50),
+            ms(r, |s| s.p95),
+            ms(r, |s| s.max),
+            pct(g.residue_1s.share),
+            pct(g.residue_30s.share),
+            format!("{} ({})", pct(g.collateral_share), g.refused_allocations),
+            g.dominant_phase.clone().unwrap_or_else(|| "-".into()),
+            (g.without_release + g.with_losses).to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len())
+        .map(|c| {
+            cells
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut s = String::new();
+    for row in &cells {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 0 || i == 9 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(s, "{}", line.join("  ").trim_end());
+    }
+    let apart: u64 = rows.iter().map(|g| g.without_release + g.with_losses).sum();
+    let _ = writeln!(
+        s,
+        "{} GPU incident(s) from {files} file(s); release: from the final fatal signal (or the \
+         exit) to the memory back; residue: not back after 1 s / 30 s; collateral: incidents \
+         during which other allocations were refused (how many){}",
+        rows.iter().map(|g| g.count).sum::<u64>(),
+        if apart > 0 {
+            format!("; {apart} apart, not in the figures (no release time yet, or kernel losses)")
+        } else {
+            String::new()
+        }
+    );
+    s
+}
+
+fn csv(rows: &[Group]) -> String {
+    let mut s = String::from(
+        "group,count,release_mean_ms,release_sd_ms,release_p50_ms,release_p95_ms,\
+         release_max_ms,residue_1s,residue_30s,residue_30s_bytes,collateral_share,\
+         refused_allocations,dominant_phase,without_release,with_losses\n",
+    );
+    for g in rows {
+        let r = |f: fn(&Summary) -> f64| {
+            g.release_ms
+                .as_ref()
+                .map_or(String::new(), |s| format!("{:.3}", f(s)))
+        };
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{}",
+            csv_field(&g.group),
+            g.count,
+            r(|s| s.mean),
+            r(|s| s.sd),
+            r(|s| s.p50),
+            r(|s| s.p95),
+            r(|s| s.max),
+            g.residue_1s.share,
+            g.residue_30s.share,
+            g.residue_30s.bytes,
+            g.collateral_share,
+            g.refused_allocations,
+            g.dominant_phase.clone().unwrap_or_default(),
+            g.without_release,
+            g.with_losses
+        );
+    }
+    s
+}
+
+/// A group name (a command name chosen by its process) as one CSV field.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
