@@ -157,3 +157,35 @@ fn damaged_inputs_are_reported_and_skipped() {
     assert!(!report["groups"].as_array().expect("groups").is_empty());
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
+    let tmp = std::env::temp_dir().join(format!("linger-stats-svg-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let svg = tmp.join("release.svg");
+    let _ = std::fs::remove_file(&svg);
+    let files = jsonl_files(&["pass6"]);
+    let mut args = vec!["--json", "--svg", svg.to_str().expect("UTF-8")];
+    let (report, _) = stats(&args, &files);
+    let text = std::fs::read_to_string(&svg).expect("the SVG");
+    let dots: u64 = report["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["count"].as_u64().expect("count"))
+        .sum();
+    assert_eq!(text.matches("<circle").count() as u64, dots);
+    let again = Command::new(linger())
+        .arg("stats")
+        .args(&args)
+        .args(&files)
+        .output()
+        .expect("linger stats");
+    assert!(
+        !again.status.success(),
+        "an existing file is kept without --force"
+    );
+    args.push("--force");
+    let (_, _) = stats(&args, &files);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

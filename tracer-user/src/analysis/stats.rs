@@ -191,6 +191,9 @@ pub struct Group {
     pub without_release: u64,
     /// ... or records the kernel lost while it was traced.
     pub with_losses: u64,
+    /// Every release time in the figures, ascending, for charts.
+    #[serde(skip)]
+    pub release_values_ms: Vec<f64>,
 }
 
 /// The groups of `samples` by `by`, in key order.
@@ -217,12 +220,12 @@ fn summarize(group: String, all: &[&Sample]) -> Group {
         .filter(|s| s.release_ns.is_some() || s.lingering)
         .collect();
     let ms = |ns: u64| ns as f64 / 1e6;
-    let release_ms = Summary::of(
-        counted
-            .iter()
-            .filter_map(|s| s.release_ns.map(ms))
-            .collect(),
-    );
+    let mut release_values_ms: Vec<f64> = counted
+        .iter()
+        .filter_map(|s| s.release_ns.map(ms))
+        .collect();
+    release_values_ms.sort_by(f64::total_cmp);
+    let release_ms = Summary::of(release_values_ms.clone());
     let stop_ms = Summary::of(counted.iter().filter_map(|s| s.stop_ns.map(ms)).collect());
     let n = counted.len() as u64;
     let residue = |after_ns: u64| {
@@ -257,6 +260,7 @@ fn summarize(group: String, all: &[&Sample]) -> Group {
             .map(|(p, _)| p.to_string()),
         without_release,
         with_losses,
+        release_values_ms,
     }
 }
 

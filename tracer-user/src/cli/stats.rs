@@ -11,6 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use anyhow::Context;
 use serde_json::{json, Value};
 use tracer_user::{
     analysis::{
@@ -18,7 +19,8 @@ use tracer_user::{
         Correlator,
     },
     escape,
-    sink::json as json_sink,
+    output::{Existing, OutputFile},
+    sink::{json as json_sink, stats_svg},
     source::replay::Replay,
 };
 
@@ -49,6 +51,12 @@ pub struct Args {
     /// Comma-separated values, one row per group.
     #[arg(long)]
     csv: bool,
+    /// Also draw each group's release times on a logarithmic time axis into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Replace the SVG file if it exists (only a regular file of linger's own user).
+    #[arg(long)]
+    force: bool,
 }
 
 /// What could not be read, said on stderr and in the JSON.
@@ -81,6 +89,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("linger stats: {}", escape::terminal(note));
     }
     let rows = groups(incidents.samples(), args.by);
+    if let Some(path) = &args.svg {
+        let by = format!("{:?}", args.by).to_lowercase();
+        let mut file = OutputFile::create(path, Existing::replace_if(args.force))
+            .with_context(|| format!("creating {}", escape::path(path)))?;
+        file.write_all(stats_svg::render(&rows, &by).as_bytes())?;
+        file.commit()?;
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({

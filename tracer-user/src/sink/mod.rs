@@ -4,4 +4,5 @@ pub mod folded;
 pub mod json;
 pub mod perfetto;
 pub mod phases;
+pub mod stats_svg;
 pub mod text;
