@@ -3,7 +3,7 @@
 //! Label names are dcgm-exporter's (`gpu`, `UUID`, `modelName`, `Hostname`, `pod`, `namespace`,
 //! `container`), so PromQL joins a linger series with `DCGM_FI_DEV_FB_USED` on them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -110,9 +110,10 @@ pub struct Metrics {
     dead_or_invisible: fn(u32) -> bool,
     /// The latest NVML reading, for the unattributed figure.
     last_reading: Vec<NvmlGpu>,
-    /// Groups that died lately (pid → when): their memory is an incident's before its first
-    /// record says so.
-    recent_deaths: HashMap<u32, u64>,
+    /// Groups that died lately, (when, pid) in the order seen: their memory is an incident's
+    /// before its first record says so. Pruned from the front, so a kill storm costs O(1) a
+    /// death.
+    recent_deaths: VecDeque<(u64, u32)>,
 }
 
 /// How long a death counts as explained before its incident is reported (the first record
@@ -211,7 +212,7 @@ impl Metrics {
             nvml_errors_seen: 0,
             dead_or_invisible,
             last_reading: Vec::new(),
-            recent_deaths: HashMap::new(),
+            recent_deaths: VecDeque::new(),
         };
         (metrics, registry)
     }
@@ -237,17 +238,25 @@ impl Metrics {
             }
             EventData::TaskExit {
                 group_dead: true, ..
-            } => {
-                self.recent_deaths.insert(e.pid, e.ts_ns);
-            }
+            } => self.recent_deaths.push_back((e.ts_ns, e.pid)),
+            EventData::Tick => self.forget_deaths_before(e.ts_ns),
             _ => {}
+        }
+    }
+
+    fn forget_deaths_before(&mut self, now_ns: u64) {
+        while self
+            .recent_deaths
+            .front()
+            .is_some_and(|(t, _)| now_ns.saturating_sub(*t) >= RECENT_DEATH_NS)
+        {
+            self.recent_deaths.pop_front();
         }
     }
 
     /// An NVML reading at `ts_ns`: the unattributed figure anew.
     pub fn on_reading(&mut self, ts_ns: u64, gpus: &[NvmlGpu]) {
-        self.recent_deaths
-            .retain(|_, t| ts_ns.saturating_sub(*t) < RECENT_DEATH_NS);
+        self.forget_deaths_before(ts_ns);
         self.last_reading = gpus.to_vec();
         self.unattributed();
     }
@@ -331,7 +340,7 @@ impl Metrics {
                 .iter()
                 .filter(|p| {
                     !self.lingering.is_target(p.pid)
-                        && !self.recent_deaths.contains_key(&p.pid)
+                        && !self.recent_deaths.iter().any(|(_, pid)| *pid == p.pid)
                         && (self.dead_or_invisible)(p.pid)
                 })
                 .filter_map(|p| p.used)
@@ -370,5 +379,73 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Blocked => "blocked",
         LossKind::Helpers => "helpers",
         LossKind::Stacks => "stacks",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::NvmlProcess;
+
+    fn metrics() -> Metrics {
+        let build = Build {
+            driver: String::new(),
+            kernel: String::new(),
+            strategy: String::new(),
+        };
+        // Every pid counts as dead here.
+        Metrics::new(build, &[], "node".into(), Counter::default(), |_| true).0
+    }
+
+    fn exit(pid: u32, ts_ns: u64) -> Event {
+        Event {
+            ts_ns,
+            cpu: 0,
+            pid,
+            tid: pid,
+            data: EventData::TaskExit {
+                exit_code: 9,
+                group_dead: true,
+                comm: "x".into(),
+            },
+        }
+    }
+
+    fn reading(pid: u32) -> Vec<NvmlGpu> {
+        vec![NvmlGpu {
+            index: 0,
+            used: 2 << 30,
+            total: 80 << 30,
+            processes: vec![NvmlProcess {
+                pid,
+                used: Some(1 << 30),
+            }],
+        }]
+    }
+
+    fn unattributed(m: &Metrics) -> i64 {
+        let labels = GpuLabels {
+            gpu: "0".into(),
+            UUID: String::new(),
+        };
+        m.unattributed.get(&labels).map_or(-1, |g| g.get())
+    }
+
+    #[test]
+    fn a_fresh_death_is_not_unattributed_and_old_deaths_are_forgotten() {
+        let mut m = metrics();
+        for pid in 0..100_000 {
+            m.on_event(&exit(pid, 1_000));
+        }
+        m.on_reading(2_000, &reading(7));
+        assert_eq!(unattributed(&m), 0, "its incident is on its way");
+        let tick = Event::collector(RECENT_DEATH_NS + 1_000, EventData::Tick);
+        m.on_event(&tick);
+        assert!(
+            m.recent_deaths.is_empty(),
+            "a storm's deaths do not pile up"
+        );
+        m.on_reading(RECENT_DEATH_NS + 2_000, &reading(7));
+        assert_eq!(unattributed(&m), 1 << 30, "nobody explains it any more");
     }
 }

@@ -161,6 +161,7 @@ impl Companion for Agent {
                 if let Some(errors) = &self.nvml_errors {
                     metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
                 }
+                metrics.on_event(e);
             }
             _ => metrics.on_event(e),
         }
