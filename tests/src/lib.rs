@@ -352,3 +352,48 @@ pub fn exit_tids(incident: &Value) -> BTreeSet<u32> {
     );
     tids
 }
+
+/// A `linger-fd-scenario` process (`exe`, its path from the test's `CARGO_BIN_EXE_...`) on
+/// `device`, and the pids on its `ready` line (its own first); every one of them is
+/// SIGKILLed, and its own reaped, when this goes.
+pub struct FdScenario {
+    child: Child,
+    pub pids: Vec<u32>,
+}
+
+impl FdScenario {
+    pub fn start(exe: &str, device: &std::path::Path, name: &str) -> Self {
+        let mut child = Command::new(exe)
+            .arg(device)
+            .arg(name)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start scenario");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("ready line");
+        let pids: Vec<u32> = line
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
+            .split_whitespace()
+            .map(|p| p.parse().expect("pid"))
+            .collect();
+        Self { child, pids }
+    }
+
+    /// SIGKILLs the scenario's own process and reaps it.
+    pub fn kill(&mut self) {
+        nix::sys::signal::kill(Pid::from_raw(self.pids[0] as i32), Signal::SIGKILL).expect("kill");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for FdScenario {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}

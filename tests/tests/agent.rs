@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use linger_tests::FdScenario;
 use nix::{
     sys::{
         signal::{kill, Signal},
@@ -100,37 +101,11 @@ fn agent(device: &Path, port: u16, extra: &[&str]) -> Killed {
     Killed(child)
 }
 
-/// A scenario's processes, all killed (and its own reaped) when it goes.
-struct Scenario(Killed, Vec<u32>);
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        for &pid in &self.1 {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-        let _ = self.0 .0.wait();
-    }
-}
-
-/// A scenario process and the pids on its `ready` line (its own first).
-fn scenario(device: &Path, name: &str) -> (Scenario, Vec<u32>) {
-    let mut child = Command::new(SCENARIO)
-        .arg(device)
-        .arg(name)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start scenario");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("ready line");
-    let pids: Vec<u32> = line
-        .strip_prefix("ready ")
-        .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
-        .split_whitespace()
-        .map(|p| p.parse().expect("pid"))
-        .collect();
-    (Scenario(Killed(child), pids.clone()), pids)
+/// A scenario process on the stand-in device and the pids on its `ready` line.
+fn scenario(device: &Path, name: &str) -> (FdScenario, Vec<u32>) {
+    let s = FdScenario::start(SCENARIO, device, name);
+    let pids = s.pids.clone();
+    (s, pids)
 }
 
 fn sigkill(pid: u32) {

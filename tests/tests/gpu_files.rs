@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use linger_tests::FdScenario;
 use nix::{
     sys::{signal::Signal, stat::Mode},
     unistd::Pid,
@@ -116,45 +117,12 @@ impl Drop for Live {
     }
 }
 
-/// A scenario process and the pids on its `ready` line (itself first).
-struct Scenario {
-    child: Child,
-    pids: Vec<u32>,
-}
+/// A scenario on the stand-in device.
+struct Scenario;
 
 impl Scenario {
-    fn start(device: &Path, name: &str) -> Self {
-        let mut child = Command::new(SCENARIO)
-            .arg(device)
-            .arg(name)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start scenario");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("ready line");
-        let pids: Vec<u32> = line
-            .strip_prefix("ready ")
-            .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
-            .split_whitespace()
-            .map(|p| p.parse().expect("pid"))
-            .collect();
-        Self { child, pids }
-    }
-
-    fn kill(&mut self) {
-        kill(self.pids[0]);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        for &pid in &self.pids {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
+    fn start(device: &Path, name: &str) -> FdScenario {
+        FdScenario::start(SCENARIO, device, name)
     }
 }
 
