@@ -292,6 +292,51 @@ wire_struct! {
     size 8
 }
 
+/// Bytes of a GPU error's message kept in [`GpuXid::msg`]; the driver's longer ones are cut.
+pub const XID_MSG_LEN: usize = 192;
+/// Bytes of the PCI device name ("0000:3b:00.0") kept in [`GpuXid::pci`].
+pub const XID_PCI_LEN: usize = 16;
+
+/// [`GpuXid::msg`]: bytes, in a type of its own because arrays this long have no `Default`.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug)]
+pub struct XidText(pub [u8; XID_MSG_LEN]);
+
+impl Default for XidText {
+    fn default() -> Self {
+        Self([0; XID_MSG_LEN])
+    }
+}
+
+wire_struct! {
+    /// The NVIDIA driver reported a GPU error (tracepoint nvidia/nvidia_dev_xid). The header's
+    /// task is whoever ran the report (often an interrupt's or the driver's worker), not the
+    /// process the message names.
+    pub struct GpuXid {
+        xid: u32 = 0,
+        /// Length of the driver's message (it may be longer than [`GpuXid::msg`] holds).
+        msg_len: u32 = 4,
+        /// `pci_name()` of the device, NUL-padded.
+        pci: [u8; XID_PCI_LEN] = 8,
+        /// The message ("pid=1234, name=python3, channel 0x00000002, ..."), NUL-padded.
+        msg: XidText = 24,
+    }
+    size 216
+}
+
+wire_struct! {
+    /// Where the fields of nvidia_dev_xid sit in its tracepoint record, from its format file
+    /// (the driver defines the event; its layout is not the kernel's to keep stable).
+    pub struct XidLayout {
+        /// Offsets of the `__data_loc` words of `dev` and `msg`, and of `error_code`.
+        dev: u32 = 0,
+        msg: u32 = 4,
+        error_code: u32 = 8,
+        _pad: u32 = 12,
+    }
+    size 16
+}
+
 stable_ids! {
     /// Slots of the per-CPU loss counter map: slot 0 counts records that did not fit in the ring
     /// buffer, the others map inserts that failed because the map was full (what was then not
@@ -398,6 +443,7 @@ records! {
     // No 12: ids already handed out are never given a new meaning.
     13 DriverCall wake: false,
     14 OomVictim wake: true,
+    15 GpuXid wake: true,
     /// Emitted only by the benchmark program to measure ring buffer throughput.
     100 BenchTick wake: true,
 }
@@ -408,4 +454,5 @@ mod pod {
     // SAFETY: plain-old-data structs of integers and byte arrays, no padding holes that
     // carry meaning; the kernel side writes them in full.
     unsafe impl aya::Pod for Header {}
+    unsafe impl aya::Pod for XidLayout {}
 }

@@ -8,6 +8,7 @@ mod driver_files;
 mod driver_hooks;
 mod emit;
 mod files;
+mod gpu_errors;
 mod ioctl;
 mod process;
 mod regs;

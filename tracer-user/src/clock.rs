@@ -6,6 +6,11 @@ pub fn boottime_ns() -> u64 {
     clock_ns(ClockId::CLOCK_BOOTTIME)
 }
 
+/// CLOCK_MONOTONIC: the kernel log's clock (boot time less time suspended).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(ClockId::CLOCK_MONOTONIC)
+}
+
 fn clock_ns(id: ClockId) -> u64 {
     // Both clocks exist on every Linux this runs on; a failure would be a kernel bug.
     let ts = clock_gettime(id).unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));

@@ -225,6 +225,42 @@ pub enum EventData {
     },
     /// How driver teardown is watched (written once at start).
     Strategy(Strategy),
+    /// The NVIDIA driver reported a GPU error (an Xid) on the device at PCI address `pci`.
+    /// `message` is the driver's text after the number ("pid=1234, name=python3, channel
+    /// ..."); the event's own pid is whoever ran the report, not the process it names.
+    GpuXid {
+        xid: u32,
+        pci: String,
+        message: String,
+        /// The message was longer than what was kept.
+        truncated: bool,
+        source: XidSource,
+    },
+    /// The GPUs NVML lists (written once at start): Xids name a PCI address, incidents and
+    /// metrics an index and UUID.
+    Gpus {
+        gpus: Vec<GpuInfo>,
+    },
+}
+
+/// Where a GPU error was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XidSource {
+    /// The driver's tracepoint nvidia/nvidia_dev_xid.
+    Tracepoint,
+    /// The kernel log (`NVRM: Xid ...` lines in /dev/kmsg), where the tracepoint is missing.
+    Kmsg,
+}
+
+/// One GPU as NVML names it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    /// NVML's bus id ("00000000:3B:00.0").
+    pub pci_bus_id: String,
 }
 
 /// What the kernel side lost (see `tracer_common::Loss`).
@@ -358,6 +394,9 @@ pub struct Strategy {
     /// `tracepoint/syscalls/sys_exit_openat`, ...
     #[serde(default)]
     pub hooks: Vec<String>,
+    /// GPU errors come from the driver's tracepoint; otherwise from the kernel log.
+    #[serde(default)]
+    pub xid_tracepoint: bool,
 }
 
 /// What `--lean` gives up, and how the answer is still obtained.

@@ -260,6 +260,21 @@ def oom(poll, idle):
             "expect": {"verdict": "released", "mode": "oom"}}
 
 
+def xid_fault(poll, idle):
+    # A CUDA kernel writes through an invalid pointer: the driver reports an Xid naming the
+    # process and kills its context; the program sees the error and exits with status 1.
+    v = Victim("--gib", "2", "--fault-after", "0.5")
+    line = v.proc.stdout.readline()
+    fault = json.loads(line.split(" ", 1)[1]) if line.startswith("FAULT") else {"line": line}
+    t_reaped = reap(v.pid)
+    back = settle(poll, idle, v.t_ready)
+    xids = subprocess.run(["dmesg"], capture_output=True, text=True).stdout
+    return {"victims": [{"pid": v.pid, "t_ready_ns": v.t_ready, "t_reaped_ns": t_reaped,
+                         "t_back_ns": back, **fault}],
+            "dmesg_xid": [l for l in xids.splitlines() if "Xid" in l][-8:],
+            "expect": {"verdict": "released", "mode": "exit", "status": 1, "xid": True}}
+
+
 SCENARIOS = {
     "early-kill-1g": early_kill(1),
     "early-kill-16g": early_kill(16),
@@ -275,6 +290,7 @@ SCENARIOS = {
     "normal-exit": normal_exit,
     "crash": crash,
     "oom": oom,
+    "xid-fault": xid_fault,
 }
 
 

@@ -11,6 +11,11 @@ killed or does what its options say.
 --hog-on-usr1      on SIGUSR1, take host memory until the OOM killer stops it
 --send-fds         send every /dev/nvidia* descriptor over a unix socket to a spawned receiver
                    (SCM_RIGHTS) that never touches CUDA and only keeps them
+--fault-after S    S seconds after READY, run a CUDA kernel that writes through an invalid
+                   pointer (an ordinary programming error: the driver reports an Xid and kills
+                   the context), then exit with status 1 as a program whose CUDA call failed
+--wait-alloc G     a next job: after READY, try to allocate G GiB every 20 ms until it fits,
+                   then print `GOT {json}` (refused attempts, when) and exit 0
 """
 import argparse, ctypes, json, os, signal, socket, subprocess, sys, time
 
@@ -29,7 +34,45 @@ def options():
     p.add_argument("--export", action="store_true")
     p.add_argument("--hog-on-usr1", action="store_true")
     p.add_argument("--send-fds", action="store_true")
+    p.add_argument("--fault-after", type=float)
+    p.add_argument("--wait-alloc", type=float)
     return p.parse_args()
+
+
+POKE = r"""
+extern "C" __global__ void poke(int *p) { *p = 42; }
+"""
+
+
+def fault():
+    import cupy
+    kernel = cupy.RawKernel(POKE, "poke")
+    t = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    try:
+        # Address 0x10: nothing is mapped there in any context.
+        kernel((1,), (1,), (cupy.uint64(0x10),))
+        cupy.cuda.runtime.deviceSynchronize()
+    except Exception as e:  # cudaErrorIllegalAddress, as the program would see it
+        print("FAULT", json.dumps({"t_fault_ns": t, "error": repr(e)}), flush=True)
+        os._exit(1)
+    print("FAULT", json.dumps({"t_fault_ns": t, "error": None}), flush=True)
+    os._exit(2)
+
+
+def wait_alloc(gib):
+    refused, t0 = 0, time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    while True:
+        try:
+            y = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+            break
+        except torch.cuda.OutOfMemoryError:
+            refused += 1
+            time.sleep(0.02)
+    torch.cuda.synchronize()
+    t = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    print("GOT", json.dumps({"refused": refused, "t_first_try_ns": t0, "t_got_ns": t,
+                             "bytes": y.numel()}), flush=True)
+    sys.exit(0)
 
 
 RECEIVER = r"""
@@ -76,6 +119,12 @@ if __name__ == "__main__":
     a = options()
     if a.term == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.wait_alloc is not None:
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+        print("READY", json.dumps({"pid": os.getpid(), "children": []}), flush=True)
+        sys.stdin.readline()
+        wait_alloc(a.wait_alloc)
     x = torch.empty(int(a.gib * (1 << 30)), dtype=torch.uint8, device="cuda")
     x.fill_(1)
     pinned = torch.empty(int(a.pin * (1 << 30)), dtype=torch.uint8).pin_memory() if a.pin else None
@@ -115,5 +164,8 @@ if __name__ == "__main__":
     if a.crash_after is not None:
         time.sleep(a.crash_after)
         ctypes.string_at(0)
+    if a.fault_after is not None:
+        time.sleep(a.fault_after)
+        fault()
     while True:
         time.sleep(1)

@@ -1,7 +1,8 @@
 //! The GPU process of the VM's driver-hooks scenario (`cargo xtask vm`): opens the stand-in
 //! driver's devices as CUDA does (close-on-exec), creates an RM client and allocates video
-//! memory through RM_ALLOC ioctls, forks a child that keeps the descriptors, writes
-//! "held CHILD_PID" to READY_FILE, and sleeps until killed (the child too).
+//! memory through RM_ALLOC ioctls, has the stand-in report a GPU error (Xid 31) naming it, forks
+//! a child that keeps the descriptors, writes "held CHILD_PID" to READY_FILE, and sleeps until
+//! killed (the child too).
 //!
 //! usage: linger-vm-gpu NVIDIA_DEVICE UVM_DEVICE BYTES READY_FILE
 
@@ -21,6 +22,10 @@ use tracer_common::driver::{
     MEMORY_ALLOCATION_SIZE_OFFSET, NV01_MEMORY_LOCAL_USER, NV01_ROOT_CLIENT, NVOS21_SIZE,
     NV_IOCTL_MAGIC, RM_ALLOC,
 };
+
+/// The stand-in driver's command that reports an MMU fault (Xid 31) naming the caller:
+/// _IO('X', 31).
+const STANDIN_FAULT: libc::c_ulong = (b'X' as libc::c_ulong) << 8 | 31;
 
 /// The client and memory handles, as a CUDA process's would look.
 const CLIENT: u32 = 0xc1d0_0001;
@@ -61,6 +66,13 @@ fn main() -> Result<()> {
         NV01_MEMORY_LOCAL_USER,
         Some(&mut params),
     )?;
+    // SAFETY: an ioctl without argument on a descriptor we own.
+    let rc = unsafe { libc::ioctl(gpu.as_raw_fd(), STANDIN_FAULT) };
+    ensure!(
+        rc == 0,
+        "the stand-in's fault ioctl failed: {}",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: the program is single-threaded here; the child only sleeps.
     if let ForkResult::Parent { child } = unsafe { fork() }? {
         std::fs::write(ready, format!("held {child}\n"))?;

@@ -19,9 +19,8 @@ use prometheus_client::{
 
 use super::lingering::{Lingering, Memory};
 use crate::{
-    analysis::{Incident, Output as Record},
-    event::{Event, EventData, LossKind, NvmlGpu},
-    source::nvml::GpuIdentity,
+    analysis::{gpu_errors, Incident, Output as Record},
+    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,6 +62,17 @@ pub struct GpuLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[expect(
+    non_snake_case,
+    reason = "dcgm-exporter's label names, so PromQL joins with its series"
+)]
+pub struct XidLabels {
+    pub gpu: String,
+    pub UUID: String,
+    pub xid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuIndexLabel {
     pub gpu: String,
 }
@@ -99,10 +109,11 @@ pub struct Metrics {
     lingering_incidents: Family<MemoryLabels, Gauge>,
     unattributed: Family<GpuLabels, Gauge>,
     collateral: Family<GpuIndexLabel, Counter>,
+    gpu_errors: Family<XidLabels, Counter>,
     lost: Family<WhatLabel, Counter>,
     nvml_errors: Counter,
     lingering: Lingering,
-    gpus: HashMap<u32, GpuIdentity>,
+    gpus: HashMap<u32, GpuInfo>,
     hostname: String,
     /// The NVML error count last copied into `nvml_errors`.
     nvml_errors_seen: u64,
@@ -125,7 +136,7 @@ impl Metrics {
     /// failed writes.
     pub fn new(
         build: Build,
-        gpus: &[GpuIdentity],
+        gpus: &[GpuInfo],
         hostname: String,
         log_errors: Counter,
         dead_or_invisible: fn(u32) -> bool,
@@ -170,6 +181,12 @@ impl Metrics {
             "Allocations the driver refused other processes while a dead process's memory was held",
             collateral.clone(),
         );
+        let gpu_errors = Family::<XidLabels, Counter>::default();
+        registry.register(
+            "linger_gpu_errors",
+            "GPU errors (Xids) the NVIDIA driver reported",
+            gpu_errors.clone(),
+        );
         let lost = Family::<WhatLabel, Counter>::default();
         registry.register(
             "linger_lost_records",
@@ -204,6 +221,7 @@ impl Metrics {
             lingering_incidents,
             unattributed,
             collateral,
+            gpu_errors,
             lost,
             nvml_errors,
             lingering: Lingering::default(),
@@ -240,6 +258,16 @@ impl Metrics {
                 group_dead: true, ..
             } => self.recent_deaths.push_back((e.ts_ns, e.pid)),
             EventData::Tick => self.forget_deaths_before(e.ts_ns),
+            EventData::GpuXid { xid, pci, .. } => {
+                let gpu = gpu_errors::device(self.gpus.values(), pci);
+                self.gpu_errors
+                    .get_or_create(&XidLabels {
+                        gpu: gpu_label(gpu.map(|g| g.index)),
+                        UUID: gpu.map(|g| g.uuid.clone()).unwrap_or_default(),
+                        xid: xid.to_string(),
+                    })
+                    .inc();
+            }
             _ => {}
         }
     }

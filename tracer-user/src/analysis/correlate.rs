@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{
+    gpu_errors::{GpuErrorRecord, XidBook},
     holders::{FileId, Holder, Holders, How},
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
@@ -80,6 +81,8 @@ pub enum Output {
     Incident(Box<Incident>),
     /// A fatal-by-default signal the process survived (so far).
     Signal(Box<SignalNotice>),
+    /// A GPU error no incident took.
+    GpuError(Box<GpuErrorRecord>),
 }
 
 /// What was last reported of a case, to tell when an update is due.
@@ -155,6 +158,8 @@ pub struct Correlator {
     /// A death left references nobody known accounts for: the live collector should have the
     /// processes holding GPU files walked (`take_search_request`).
     search_wanted: bool,
+    /// GPU errors, for the incidents they belong to.
+    pub(super) xids: XidBook,
 }
 
 impl Correlator {
@@ -231,6 +236,18 @@ impl Correlator {
             } => self.searched(e.pid),
             EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => self.holders_changed(),
             EventData::Nvml { gpus } => self.nvml_reading(e.ts_ns, gpus),
+            EventData::Gpus { gpus } => self.xids.set_gpus(gpus),
+            EventData::GpuXid {
+                xid,
+                pci,
+                message,
+                truncated,
+                source,
+            } => {
+                self.xids
+                    .add(e.ts_ns, *xid, pci, message, *truncated, *source);
+                self.link_xids();
+            }
             EventData::DriverCall {
                 func,
                 exit: true,
@@ -277,8 +294,33 @@ impl Correlator {
         self.advance(out);
     }
 
+    /// Lets every open case take the GPU errors it cites.
+    fn link_xids(&mut self) {
+        if !self.xids.waiting() {
+            return;
+        }
+        for (id, c) in &self.cases {
+            let gpu = self.memory.watch(*id).and_then(|w| w.gpu);
+            self.xids.link(c.inc.target.pid, gpu, c.inc.t_signal_ns);
+        }
+    }
+
+    /// GPU errors no incident took in time, as their own records.
+    fn gpu_errors(&mut self, all: bool, out: &mut Vec<Output>) {
+        for error in self.xids.unlinked(self.now_ns, all) {
+            out.push(Output::GpuError(Box::new(GpuErrorRecord {
+                record_type: "gpu_error",
+                schema: super::incident::SCHEMA,
+                node: None,
+                wall_time: None,
+                error,
+            })));
+        }
+    }
+
     /// Reports what is still open when the stream ends.
     pub fn finish(&mut self, out: &mut Vec<Output>) {
+        self.link_xids();
         let ids: Vec<u64> = self.cases.keys().copied().collect();
         for id in ids {
             let Some(c) = self.cases.get(&id) else {
@@ -303,6 +345,7 @@ impl Correlator {
             }
         }
         self.cases.clear();
+        self.gpu_errors(true, out);
     }
 
     /// Whether no incident is open: symbolized stacks are no longer needed (the kernel's stack
@@ -335,6 +378,7 @@ impl Correlator {
     }
 
     fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
+        let pid = target.pid;
         target.workload = target.workload.or_else(|| self.workload_of(target.pid));
         self.next_id += 1;
         let id = self.next_id;
@@ -358,6 +402,7 @@ impl Correlator {
             stuck_reported: false,
         };
         self.cases.insert(id, case);
+        self.xids.link(pid, None, t_ns);
         id
     }
 
@@ -847,6 +892,8 @@ impl Correlator {
                 self.drop_case(id);
             }
         }
+        self.link_xids();
+        self.gpu_errors(false, out);
         // Nothing older than the oldest open case needs its loss reports or teardowns.
         let oldest = self.cases.values().map(|c| c.inc.t_signal_ns).min();
         self.losses.prune(oldest.unwrap_or(now));

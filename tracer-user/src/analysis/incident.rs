@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::{
+    gpu_errors::GpuError,
     holders::{HeldFile, Holder},
     ledger::{Bytes, ClassTotal, FailedAlloc},
     signals::Origin,
@@ -76,6 +77,10 @@ pub struct Incident {
     pub collateral: Vec<FailedAlloc>,
     /// Other GPU incidents whose teardowns overlapped this one on the same GPU.
     pub storm: Option<Storm>,
+    /// GPU errors (Xids) naming the process, or on its GPU shortly before or during it
+    /// (and, for a teardown stuck in the driver, every Xid on its GPU).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpu_errors: Vec<GpuError>,
     /// What the kernel side lost while the incident was traced; its facts may be incomplete.
     pub losses: Vec<LossCount>,
     /// Still held `--linger-after` after the death.
@@ -132,6 +137,7 @@ impl Incident {
             verdict: None,
             collateral: Vec::new(),
             storm: None,
+            gpu_errors: Vec::new(),
             losses: Vec::new(),
             lingering: false,
             settled: false,
@@ -147,6 +153,9 @@ pub struct Node {
     pub host: String,
     /// /proc/sys/kernel/random/boot_id; null for recordings made before it was kept.
     pub boot_id: Option<String>,
+    /// The NVIDIA driver's version (/sys/module/nvidia/version); null without the driver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 /// Where the evidence for a time came from.

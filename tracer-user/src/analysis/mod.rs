@@ -1,6 +1,7 @@
 //! From events to incidents.
 
 pub mod correlate;
+pub mod gpu_errors;
 pub mod holders;
 pub mod incident;
 pub mod ledger;

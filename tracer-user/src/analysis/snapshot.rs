@@ -168,6 +168,18 @@ impl Correlator {
             };
             inc.verdict = verdict::decide(&inc, &cx);
         }
+        let gpu = w.and_then(|w| w.gpu);
+        let stuck = inc
+            .verdict
+            .as_ref()
+            .is_some_and(|v| v.kind == verdict::VerdictKind::StuckInDriver);
+        inc.gpu_errors = self.xids.cited(pid, gpu, inc.t_signal_ns, stuck);
+        if !inc.gpu_errors.is_empty() {
+            let story = super::gpu_errors::story(&inc);
+            if let Some(v) = &mut inc.verdict {
+                v.evidence.insert(0, story);
+            }
+        }
         inc
     }
 

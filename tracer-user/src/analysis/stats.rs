@@ -13,13 +13,16 @@ const GIB: u64 = 1 << 30;
 /// One GPU incident, as its last record says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
-    /// id, t_signal_ns, target pid: one incident however many files repeat it.
-    pub key: (u64, u64, u64),
+    /// Boot id, incident id, t_signal_ns, target pid: one incident however many files repeat
+    /// it, and incidents of different boots and nodes apart.
+    pub key: (Option<String>, u64, u64, u64),
     pub termination: String,
     pub verdict: String,
     pub comm: String,
     pub gpu: Option<u64>,
     pub pod: Option<String>,
+    /// The NVIDIA driver's version where the incident says.
+    pub driver: Option<String>,
     pub wall_time: Option<String>,
     pub share_bytes: u64,
     /// From the final signal (or the exit) to the memory back.
@@ -60,12 +63,18 @@ impl Sample {
             _ => None,
         };
         Some(Self {
-            key: (v["id"].as_u64()?, t_signal, v["target"]["pid"].as_u64()?),
+            key: (
+                v["node"]["boot_id"].as_str().map(String::from),
+                v["id"].as_u64()?,
+                t_signal,
+                v["target"]["pid"].as_u64()?,
+            ),
             termination,
             verdict: v["verdict"]["kind"].as_str().unwrap_or("none").to_string(),
             comm: v["target"]["comm"].as_str().unwrap_or_default().to_string(),
             gpu: gpu["index"].as_u64(),
             pod: v["target"]["workload"]["pod"].as_str().map(String::from),
+            driver: v["node"]["driver"].as_str().map(String::from),
             wall_time: v["wall_time"].as_str().map(String::from),
             share_bytes,
             release_ns,
@@ -84,7 +93,7 @@ impl Sample {
 /// Keeps one sample per incident: a settled record over an unsettled one, else the later.
 #[derive(Default)]
 pub struct Incidents {
-    by_key: BTreeMap<(u64, u64, u64), Sample>,
+    by_key: BTreeMap<(Option<String>, u64, u64, u64), Sample>,
 }
 
 impl Incidents {
@@ -92,7 +101,7 @@ impl Incidents {
         match self.by_key.get(&s.key) {
             Some(old) if old.settled && !s.settled => {}
             _ => {
-                self.by_key.insert(s.key, s);
+                self.by_key.insert(s.key.clone(), s);
             }
         }
     }
@@ -110,6 +119,8 @@ pub enum By {
     Gpu,
     /// Power-of-two GiB buckets of the memory the death was to give back.
     Size,
+    /// The NVIDIA driver's version.
+    Driver,
 }
 
 impl By {
@@ -120,6 +131,7 @@ impl By {
             Self::Comm => s.comm.clone(),
             Self::Gpu => s.gpu.map_or("?".into(), |g| g.to_string()),
             Self::Size => size_bucket(s.share_bytes),
+            Self::Driver => s.driver.clone().unwrap_or_else(|| "?".into()),
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use anyhow::Context;
-use log::{debug, info};
+use log::{debug, info, warn};
 use tracer_user::{
     analysis::{incident::Node, signals, CorrelatorConfig, Output as AnalysisOutput},
     clock::{boottime_ns, WallAnchor},
@@ -14,7 +14,7 @@ use tracer_user::{
         collect::{self, Tap},
         gpu::GpuSources,
         kernel::KernelSource,
-        machine, procfs, workload,
+        kmsg, machine, procfs, workload,
     },
 };
 
@@ -151,6 +151,15 @@ pub fn trace(
         ..Default::default()
     };
     let mut recorder = record::start(args, &anchor, &config)?;
+    // Without the driver's tracepoint, GPU errors come from the kernel log, which may take
+    // CAP_SYSLOG to open: before the capabilities go.
+    let kmsg = if probes.strategy().xid_tracepoint {
+        None
+    } else {
+        kmsg::open()
+            .map_err(|e| warn!("GPU errors will not be seen: opening /dev/kmsg failed: {e}"))
+            .ok()
+    };
     // Attached, and the trace file open: from here on only what the collector uses.
     privileges::drop_after_attach(args.sample_hz > 0)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -166,6 +175,7 @@ pub fn trace(
     let node = Node {
         host: machine.host,
         boot_id: machine.boot_id,
+        driver: machine.driver,
     };
     let mut report = Report::new(out, output, anchor, config, node);
     report.keep_written();
@@ -197,6 +207,7 @@ pub fn trace(
             names: workload::Names::new(&args.kubelet_logs),
         },
         args.lean,
+        kmsg,
     );
     let awaited = gpu.awaited();
     let idle = gpu.idle();

@@ -93,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let node = Node {
         host: meta.host.clone(),
         boot_id: meta.boot_id.clone(),
+        driver: meta.driver.clone(),
     };
     let mut report = Report::new(&mut out, output, meta.anchor(), config, node);
     let read = replay.run(|e| report.on_event(e), |at| progress.set(at));

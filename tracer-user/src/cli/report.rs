@@ -128,9 +128,16 @@ impl<'a, W: Write> Report<'a, W> {
 
     fn emit(&mut self) -> ControlFlow<()> {
         for mut record in std::mem::take(&mut self.closed) {
-            if let Record::Incident(inc) = &mut record {
-                inc.node = Some(self.node.clone());
-                inc.wall_time = self.anchor.rfc3339(inc.t_signal_ns);
+            match &mut record {
+                Record::Incident(inc) => {
+                    inc.node = Some(self.node.clone());
+                    inc.wall_time = self.anchor.rfc3339(inc.t_signal_ns);
+                }
+                Record::GpuError(r) => {
+                    r.node = Some(self.node.clone());
+                    r.wall_time = self.anchor.rfc3339(r.error.t_ns);
+                }
+                Record::Signal(_) => {}
             }
             let written = if self.output.json {
                 json::write_line(self.out, &record)

@@ -8,13 +8,14 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use log::debug;
+use tracer_common::XidLayout;
 
 use super::{
     attach::{self, AttachError, Cause, Hook},
     devices::GpuDevices,
     offsets,
     sampling::Sampler,
-    strategy, tracefs, EBPF_OBJECT,
+    strategy, tracefs, xid, EBPF_OBJECT,
 };
 use crate::{
     error::{Error, Result},
@@ -117,6 +118,7 @@ impl Probes {
         // The programs format a log record only at a level the log crate would print: a
         // debug line per fatal signal otherwise costs every kill a record and a wake-up.
         let log_level = log::max_level() as u8;
+        let xid_layout = xid::layout();
         let mut ebpf = EbpfLoader::new()
             .override_global(aya_log::LEVEL, &log_level, true)
             .override_global("OFFSETS", &offsets, true)
@@ -124,6 +126,11 @@ impl Probes {
             .override_global("BENCH_PID", &bench_pid, true)
             .override_global("SELF_PID", &std::process::id(), true)
             .override_global("LEAN", &u32::from(config.lean), true)
+            .override_global(
+                "XID_LAYOUT",
+                xid_layout.as_ref().unwrap_or(&XidLayout::default()),
+                true,
+            )
             .map_max_entries("EVENTS", config.ring_size)
             .load(EBPF_OBJECT)
             .map_err(|e| Error::Load(e.to_string()))?;
@@ -163,6 +170,7 @@ impl Probes {
         if tracefs::has_event("oom", "mark_victim") {
             probes.attach_tracepoint("oom_victim", "oom", "mark_victim")?;
         }
+        let xid_tracepoint = probes.attach_xids(xid_layout);
         probes.fill_gpu_devices(&config.gpu_devices)?;
         probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
         // The driver's own open and ioctl entries replace the system call tracepoints where
@@ -218,6 +226,11 @@ impl Probes {
         if config.bench_pid.is_some() {
             probes.attach_tracepoint("bench_tick", "syscalls", "sys_enter_getppid")?;
         }
+        probes.strategy.xid_tracepoint = xid_tracepoint.is_ok();
+        probes.strategy.reasons.push(match xid_tracepoint {
+            Ok(()) => "GPU errors: tracepoint nvidia/nvidia_dev_xid".into(),
+            Err(why) => format!("GPU errors: from the kernel log ({why})"),
+        });
         if config.lean {
             probes.strategy.lean = true;
             probes.strategy.unseen = LEAN_UNSEEN.iter().map(|s| s.to_string()).collect();
@@ -242,6 +255,17 @@ impl Probes {
             .collect();
         probes.strategy.hooks.extend(driver);
         Ok(probes)
+    }
+
+    /// The driver's GPU-error tracepoint, where it exists with a known layout; it fires only on
+    /// GPU errors. Why not, otherwise (the kernel log is read instead).
+    fn attach_xids(
+        &mut self,
+        layout: std::result::Result<XidLayout, String>,
+    ) -> std::result::Result<(), String> {
+        layout?;
+        self.attach_tracepoint("gpu_xid", "nvidia", "nvidia_dev_xid")
+            .map_err(|e| e.to_string())
     }
 
     fn attach_btf(&mut self, program: &str, tracepoint: &str, btf: &Btf) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod sampling;
 mod search;
 pub mod strategy;
 pub mod tracefs;
+pub mod xid;
 
 pub use load::{ProbeConfig, Probes};
 

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use crate::{
     analysis::{
+        gpu_errors::GpuError,
         holders::How,
         incident::{Action, GpuImpact, Incident, Outcome, ReapHow, Source},
         memory::ImportVia,
@@ -28,7 +29,23 @@ pub fn render(out: &Output, anchor: &WallAnchor) -> String {
         Output::Incident(inc) if inc.record_type == "incident_update" => render_update(inc, anchor),
         Output::Incident(inc) => render_incident(inc, anchor),
         Output::Signal(n) => render_notice(n, anchor),
+        Output::GpuError(r) => render_gpu_error(&r.error, anchor),
     }
+}
+
+/// An Xid no incident took.
+fn render_gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
+    let whose = match (x.pid, &x.process_name) {
+        (Some(p), Some(n)) => format!(" · {}[{p}]", e(n)),
+        (Some(p), None) => format!(" · pid {p}"),
+        (None, _) => String::new(),
+    };
+    format!(
+        "{}  XID      {}{whose} · no incident followed\n{INDENT}{}\n",
+        anchor.format_local(x.t_ns),
+        x.describe(),
+        e(&x.message)
+    )
 }
 
 fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
@@ -63,6 +80,15 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
         let _ = writeln!(s, "{INDENT}termination: {}", e(&termination::describe(t)));
     }
     let _ = writeln!(s, "{INDENT}{}", steps(inc).join(" · "));
+    for x in &inc.gpu_errors {
+        let _ = writeln!(
+            s,
+            "{INDENT}gpu error: {} at {:+.1} ms: {}",
+            x.describe(),
+            x.at_ms.unwrap_or(0.0),
+            e(&x.message)
+        );
+    }
     if let Some(gpu) = &inc.gpu {
         render_gpu(&mut s, inc, gpu, anchor);
     }

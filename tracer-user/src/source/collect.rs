@@ -70,7 +70,7 @@ pub async fn run_tapped(
 
     let mut batch = Vec::with_capacity(1024);
     let mut losses_read = 0;
-    let mut nvml_reading = None;
+    let mut nvml_reading = None; // or a GPU error from the kernel log
     if let Some(gpu) = gpu.as_deref_mut() {
         for e in gpu.take_startup() {
             push(&mut batch, tap, e);
@@ -82,7 +82,7 @@ pub async fn run_tapped(
                 ready?;
                 drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
             }
-            Some(reading) = next_nvml(gpu.as_deref_mut()) => nvml_reading = Some(reading),
+            Some(reading) = next_side_event(gpu.as_deref_mut()) => nvml_reading = Some(reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
                 // Bulk records do not wake us: take them now.
@@ -157,9 +157,9 @@ fn drain(
     }
 }
 
-async fn next_nvml(gpu: Option<&mut GpuSources>) -> Option<Event> {
+async fn next_side_event(gpu: Option<&mut GpuSources>) -> Option<Event> {
     match gpu {
-        Some(g) => g.next_nvml().await,
+        Some(g) => g.next_side_event().await,
         None => std::future::pending().await,
     }
 }

@@ -17,7 +17,7 @@ compile_error!("linger reads records in the byte order of the little-endian kern
 
 use crate::{
     escape,
-    event::{Event, EventData, HookKind},
+    event::{Event, EventData, HookKind, XidSource},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -158,6 +158,17 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         Kind::OomVictim => EventData::OomVictim {
             pid: get::<c::OomVictim>(payload).pid,
         },
+        Kind::GpuXid => {
+            let p: c::GpuXid = get(payload);
+            let message = text(&p.msg.0);
+            EventData::GpuXid {
+                xid: p.xid,
+                pci: text(&p.pci),
+                truncated: p.msg_len as usize > message.len() + 1,
+                message,
+                source: XidSource::Tracepoint,
+            }
+        }
         Kind::BenchTick => EventData::BenchTick,
     };
     Ok(Event {
@@ -206,7 +217,12 @@ fn driver_call(p: c::DriverCall) -> Result<EventData, DecodeError> {
 /// A kernel comm: up to 16 bytes, NUL-terminated when shorter; any process sets its own, so
 /// bytes that are not UTF-8 are kept as `\xNN`.
 fn comm(raw: &[u8; COMM_LEN]) -> String {
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    text(raw)
+}
+
+/// A NUL-padded string field, its odd bytes escaped.
+fn text(raw: &[u8]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     escape::bytes(&raw[..end]).into_owned()
 }
 

@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashSet,
+    fs::File,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -14,6 +15,7 @@ use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{
+    kmsg::KmsgReader,
     nvml::{self, NvmlSampler},
     pace::Pace,
     procfs,
@@ -28,6 +30,8 @@ use crate::{
 pub struct GpuSources {
     startup: Vec<Event>,
     nvml: Option<(NvmlSampler, UnboundedReceiver<Event>)>,
+    /// GPU errors from the kernel log, where the driver's tracepoint is missing.
+    kmsg: Option<(KmsgReader, UnboundedReceiver<Event>)>,
     how: procfs::Describe,
     /// Processes whose /proc facts are in the stream already.
     described: HashSet<u32>,
@@ -49,14 +53,16 @@ pub struct GpuSources {
 }
 
 impl GpuSources {
-    /// Snapshots the current holders (and tells the programs about them), and starts NVML
-    /// unless `nvml` is false or the library is missing.
+    /// Snapshots the current holders (and tells the programs about them), starts NVML
+    /// unless `nvml` is false or the library is missing, and reads GPU errors from `kmsg`
+    /// (the kernel log, opened) when given.
     pub fn start(
         probes: &mut Probes,
         devices: &GpuDevices,
         nvml: bool,
         how: procfs::Describe,
         lean: bool,
+        kmsg: Option<File>,
     ) -> Self {
         let now = boottime_ns();
         let mut data = vec![EventData::GpuDevices {
@@ -91,7 +97,7 @@ impl GpuSources {
             }
         };
         data.extend(snapshot);
-        let startup = data
+        let mut startup: Vec<Event> = data
             .into_iter()
             .map(|data| Event::collector(now, data))
             .collect();
@@ -116,9 +122,24 @@ impl GpuSources {
                 }
             })
             .flatten();
+        if let Some((s, _)) = &nvml {
+            let gpus = s.identities.clone();
+            startup.push(Event::collector(now, EventData::Gpus { gpus }));
+        }
+        let kmsg = kmsg.and_then(|log| {
+            let (tx, rx) = unbounded_channel();
+            match KmsgReader::start(log, tx) {
+                Ok(r) => Some((r, rx)),
+                Err(e) => {
+                    warn!("GPU errors will not be seen: reading the kernel log failed: {e}");
+                    None
+                }
+            }
+        });
         Self {
             startup,
             nvml,
+            kmsg,
             how,
             described,
             stacks,
@@ -182,17 +203,27 @@ impl GpuSources {
         std::mem::take(&mut self.startup)
     }
 
-    /// The next NVML reading (never resolves without NVML).
-    pub async fn next_nvml(&mut self) -> Option<Event> {
-        match &mut self.nvml {
-            Some((_, rx)) => rx.recv().await,
-            None => std::future::pending().await,
+    /// The next NVML reading or GPU error from the kernel log (never resolves without
+    /// either).
+    pub async fn next_side_event(&mut self) -> Option<Event> {
+        async fn next(rx: Option<&mut UnboundedReceiver<Event>>) -> Option<Event> {
+            match rx {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        }
+        let nvml = self.nvml.as_mut().map(|(_, rx)| rx);
+        let kmsg = self.kmsg.as_mut().map(|(_, rx)| rx);
+        tokio::select! {
+            Some(e) = next(nvml) => Some(e),
+            Some(e) = next(kmsg) => Some(e),
+            else => None,
         }
     }
 
     /// NVML's driver version and the GPUs it sees, with the counter of its failed calls;
     /// None without NVML.
-    pub fn nvml_devices(&self) -> Option<(&str, &[nvml::GpuIdentity], Arc<AtomicU64>)> {
+    pub fn nvml_devices(&self) -> Option<(&str, &[crate::event::GpuInfo], Arc<AtomicU64>)> {
         self.nvml.as_ref().map(|(s, _)| {
             (
                 s.driver.as_str(),

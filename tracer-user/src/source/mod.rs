@@ -6,6 +6,7 @@ pub mod gpu;
 pub mod kallsyms;
 pub mod kcmp;
 pub mod kernel;
+pub mod kmsg;
 pub mod machine;
 pub mod nvml;
 pub mod pace;

@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::pace::Pace;
 use crate::{
     clock::boottime_ns,
-    event::{Event, EventData, NvmlGpu, NvmlProcess},
+    event::{Event, EventData, GpuInfo, NvmlGpu, NvmlProcess},
 };
 
 pub const QUIET_PERIOD: Duration = Duration::from_secs(1);
@@ -35,17 +35,10 @@ pub struct NvmlSampler {
     /// Driver version and device names, for the trace header and doctor.
     pub description: String,
     pub driver: String,
-    pub identities: Vec<GpuIdentity>,
+    /// Who each GPU is, in the terms dcgm-exporter labels its series with.
+    pub identities: Vec<GpuInfo>,
     /// NVML calls that failed while sampling.
     pub errors: Arc<AtomicU64>,
-}
-
-/// Who a GPU is, in the terms dcgm-exporter labels its series with.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuIdentity {
-    pub index: u32,
-    pub uuid: String,
-    pub model: String,
 }
 
 impl NvmlSampler {
@@ -67,10 +60,11 @@ impl NvmlSampler {
         let identities = (0..count)
             .filter_map(|index| {
                 let d = nvml.device_by_index(index).ok()?;
-                Some(GpuIdentity {
+                Some(GpuInfo {
                     index,
                     uuid: d.uuid().unwrap_or_default(),
                     model: d.name().unwrap_or_default(),
+                    pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
                 })
             })
             .collect();

@@ -21,6 +21,10 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
     fs::create_dir_all(&src)?;
     fs::write(src.join("nvidia.c"), include_str!("standin/nvidia.c"))?;
     fs::write(src.join("Kbuild"), include_str!("standin/Kbuild"))?;
+    fs::write(
+        src.join("standin-xid.h"),
+        include_str!("standin/standin-xid.h"),
+    )?;
     let out = Command::new("make")
         .arg("-C")
         .arg(&headers)

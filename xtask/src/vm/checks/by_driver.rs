@@ -93,6 +93,7 @@ pub fn check(guest: &Guest) -> Result<()> {
             own["gpu"]
         );
     }
+    gpu_error(strategy, parent, holder)?;
     guest.succeeded("driver-replay")?;
     if last_incidents(&guest.json("driver-replay-out")?) != incidents {
         bail!("the replay's incidents differ from live's");
@@ -101,6 +102,25 @@ pub fn check(guest: &Guest) -> Result<()> {
         "xtask vm:   no system call tracepoint; holder, 1 GiB ledger and release from the \
          driver's hooks"
     );
+    Ok(())
+}
+
+/// The driver's tracepoint attached, and the stand-in's Xid 31 naming the GPU process is in
+/// its incident, before the kill.
+fn gpu_error(strategy: &Value, incident: &Value, holder: u64) -> Result<()> {
+    if strategy["xid_tracepoint"] != true {
+        bail!("nvidia/nvidia_dev_xid is not traced: {strategy}");
+    }
+    let errors = incident["gpu_errors"].as_array().into_iter().flatten();
+    let Some(x) = errors.into_iter().find(|x| x["xid"] == 31) else {
+        bail!("the GPU process's incident has no Xid 31: {incident}");
+    };
+    if x["pid"] != holder || x["source"] != "tracepoint" || x["pci"] != "0000:00:00.0" {
+        bail!("the Xid does not name the GPU process from the tracepoint: {x}");
+    }
+    if x["at_ms"].as_f64().is_none_or(|at| at >= 0.0) {
+        bail!("the Xid is not before the kill: {x}");
+    }
     Ok(())
 }
 

@@ -5,14 +5,23 @@
  * function names so linger's kprobes attach by name: opens, the ioctl entry and the release
  * path. The RM cleanup and the UVM release sleep `delay_ms` (a slow teardown); closes of
  * minor 1 are handed to a worker through nvidia_close_deferred, as the real driver does when
- * it cannot take its locks at close.
+ * it cannot take its locks at close. The ioctl STANDIN_FAULT reports an MMU fault (Xid 31)
+ * naming the caller, through the driver's one tracepoint, as the driver does when a kernel
+ * of the process writes through a bad pointer.
  */
 #include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/ioctl.h>
 #include <linux/module.h>
 #include <linux/slab.h>
+#include <linux/sched.h>
 #include <linux/workqueue.h>
+
+#define CREATE_TRACE_POINTS
+#include "standin-xid.h"
+
+/* The stand-in's own command: a GPU error for the caller. */
+#define STANDIN_FAULT _IO('X', 31)
 
 /* No inlining, cloning or renaming: kprobes find these by their real names. */
 #define STANDIN noinline __attribute__((__noipa__))
@@ -77,6 +86,15 @@ STANDIN int nvidia_close(struct inode *inode, struct file *file)
  * the caller set in them, are what linger decodes. Anything else is not ours. */
 STANDIN long nvidia_unlocked_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
+	char msg[128];
+
+	if (cmd == STANDIN_FAULT) {
+		snprintf(msg, sizeof(msg),
+			 "pid=%d, name=%s, channel 0x00000002, intr 00000000. MMU Fault: stand-in",
+			 task_tgid_nr(current), current->comm);
+		trace_nvidia_dev_xid("0000:00:00.0", 31, msg);
+		return 0;
+	}
 	return _IOC_TYPE(cmd) == 'F' ? 0 : -ENOTTY;
 }
 

@@ -1,0 +1,83 @@
+//! The driver's GPU-error tracepoint, nvidia/nvidia_dev_xid: where its fields sit, from its
+//! format file. The driver defines the event, so its layout is read, never assumed.
+
+use std::fs;
+
+use tracer_common::XidLayout;
+
+const FORMATS: [&str; 2] = [
+    "/sys/kernel/tracing/events/nvidia/nvidia_dev_xid/format",
+    "/sys/kernel/debug/tracing/events/nvidia/nvidia_dev_xid/format",
+];
+
+/// The layout of this kernel's nvidia_dev_xid, or why it cannot be traced.
+pub fn layout() -> Result<XidLayout, String> {
+    let Some(text) = FORMATS.iter().find_map(|p| fs::read_to_string(p).ok()) else {
+        return Err("no tracepoint nvidia/nvidia_dev_xid (NVIDIA driver not loaded)".into());
+    };
+    parse(&text)
+}
+
+/// The offsets of `dev`, `msg` (both `__data_loc char[]`) and `error_code` (a 4-byte integer).
+fn parse(format: &str) -> Result<XidLayout, String> {
+    let field = |name: &str, data_loc: bool| -> Result<u32, String> {
+        format
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("field:"))
+            .find_map(|l| {
+                let mut parts = l.split(';').map(str::trim);
+                let decl = parts.next()?;
+                if decl.rsplit(' ').next() != Some(name)
+                    || decl.starts_with("__data_loc") != data_loc
+                {
+                    return None;
+                }
+                let value = |key: &str| {
+                    l.split(';')
+                        .map(str::trim)
+                        .find_map(|p| p.strip_prefix(key)?.parse::<u32>().ok())
+                };
+                (value("size:")? == 4).then(|| value("offset:")).flatten()
+            })
+            .ok_or_else(|| format!("nvidia_dev_xid's format has no 4-byte field `{name}`"))
+    };
+    Ok(XidLayout {
+        dev: field("dev", true)?,
+        msg: field("msg", true)?,
+        error_code: field("error_code", false)?,
+        _pad: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // As the H200's driver 580 prints it (FACTS §1: the tracepoint attaches there).
+    const FORMAT: &str = "name: nvidia_dev_xid
+ID: 1563
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] dev;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:u32 error_code;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:__data_loc char[] msg;\toffset:16;\tsize:4;\tsigned:0;
+
+print fmt: \"Xid (PCI:%s): %u, %s\", __get_str(dev), REC->error_code, __get_str(msg)
+";
+
+    #[test]
+    fn reads_the_offsets_from_the_format() {
+        let l = parse(FORMAT).unwrap();
+        assert_eq!((l.dev, l.error_code, l.msg), (8, 12, 16));
+    }
+
+    #[test]
+    fn a_format_without_the_message_is_refused() {
+        let cut = FORMAT.replace("__data_loc char[] msg", "u64 other");
+        assert!(parse(&cut).unwrap_err().contains("`msg`"));
+    }
+}
