@@ -6,7 +6,9 @@ Modes: normal-exit, term-handled (SIGTERM, the handler frees and exits 0), sigki
 0.2-2 s), term-ignored-kill (SIGTERM ignored, SIGKILL after a 1 s grace), forked-holder (the
 parent is SIGKILLed, the child it forked keeps the GPU files until it is SIGKILLed 1 s later),
 next-job-waits (a next job retries a W GiB allocation every 20 ms while the victim holds all but
-W/2 of the free memory; the victim is SIGKILLed).
+W/2 of the free memory; the victim is SIGKILLed), crash (SIGSEGV), oom (the kernel's OOM killer,
+in a cgroup of the victim's own), cuda-fault (a kernel writes through a bad pointer: an Xid,
+then the program exits with status 1).
 
 usage: campaign.py LINGER OUTDIR [MODE...] (env RUNS, default 10). Writes OUTDIR/campaign.trace,
 OUTDIR/incidents.jsonl (what linger printed), OUTDIR/linger.err and OUTDIR/truth.jsonl (one
@@ -15,7 +17,7 @@ line per run, written as it ends).
 import json, os, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite"))
-from run import HERE, Victim, kill, reap, settle  # noqa: E402
+from run import HERE, IDLE_SLACK, Victim, kill, reap, settle  # noqa: E402
 from truth import Poll, boot_ns  # noqa: E402
 
 GIB = 1 << 30
@@ -75,6 +77,40 @@ def forked_holder(poll, idle, gib, i):
             "t_back_ns": settle(poll, idle, t_child), "expect": "kill"}
 
 
+def crash(poll, idle, gib, i):
+    v = Victim("--gib", str(gib), "--crash-after", str(DELAYS[i % len(DELAYS)]))
+    t_reaped = reap(v.pid)
+    return {"pid": v.pid, "t_ready_ns": v.t_ready, "t_reaped_ns": t_reaped,
+            "t_back_ns": settle(poll, idle, v.t_ready), "expect": "fault"}
+
+
+def oom(poll, idle, gib, i):
+    v = Victim("--gib", str(gib), "--hog-on-usr1")
+    cg = "/sys/fs/cgroup/linger-campaign-oom"
+    os.makedirs(cg, exist_ok=True)
+    rss = int(open(f"/proc/{v.pid}/statm").read().split()[1]) * 4096
+    open(f"{cg}/memory.max", "w").write(str(rss + (1 << 30)))
+    if os.path.exists(f"{cg}/memory.swap.max"):
+        open(f"{cg}/memory.swap.max", "w").write("0")
+    open(f"{cg}/cgroup.procs", "w").write(str(v.pid))
+    time.sleep(0.2)
+    t = kill(v.pid, signal.SIGUSR1)
+    t_reaped = reap(v.pid)
+    back = settle(poll, idle, t)
+    os.rmdir(cg)
+    return {"pid": v.pid, "t_hog_ns": t, "t_reaped_ns": t_reaped, "t_back_ns": back,
+            "expect": "oom"}
+
+
+def cuda_fault(poll, idle, gib, i):
+    v = Victim("--gib", str(gib), "--fault-after", str(DELAYS[i % len(DELAYS)]))
+    line = v.proc.stdout.readline()
+    fault = json.loads(line.split(" ", 1)[1]) if line.startswith("FAULT") else {"line": line}
+    t_reaped = reap(v.pid)
+    return {"pid": v.pid, "t_ready_ns": v.t_ready, "t_reaped_ns": t_reaped, **fault,
+            "t_back_ns": settle(poll, idle, v.t_ready), "expect": "exit"}
+
+
 def next_job_waits(poll, idle, gib, i):
     want = max(gib, 2)
     waiter = subprocess.Popen([sys.executable, os.path.join(HERE, "victim.py"),
@@ -91,15 +127,20 @@ def next_job_waits(poll, idle, gib, i):
     waiter.stdin.write("go\n")
     waiter.stdin.flush()
     time.sleep(DELAYS[i % len(DELAYS)])
+    before = poll.now()
     t = kill(v.pid)
     t_reaped = reap(v.pid)
+    # The next job takes its share as soon as it fits: the victim's memory is back when the
+    # device's figure fell by the victim's share less what the next job took since.
+    share = before[2].get(v.pid, 0)
+    back = poll.first(t, lambda c: c[1] <= before[1] - share + want * GIB + IDLE_SLACK)
     got = waiter.stdout.readline()
     got = json.loads(got.split(" ", 1)[1]) if got.startswith("GOT") else {"line": got}
     reap(w_pid)
     return {"pid": v.pid, "victim_gib": round(free_gib - 1.0 - want / 2, 2),
             "t_signal_ns": t, "t_reaped_ns": t_reaped, "next_job": w_pid, "want_gib": want,
             **{f"next_{k}": x for k, x in got.items()},
-            "t_back_ns": settle(poll, idle, t), "expect": "kill"}
+            "t_back_ns": back, "victim_share": share, "expect": "kill"}
 
 
 _TOTAL = []
@@ -119,6 +160,9 @@ MODES = {
     "term-ignored-kill": term_ignored_kill,
     "forked-holder": forked_holder,
     "next-job-waits": next_job_waits,
+    "crash": crash,
+    "oom": oom,
+    "cuda-fault": cuda_fault,
 }
 
 

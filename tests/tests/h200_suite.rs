@@ -25,7 +25,7 @@ fn linger() -> String {
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
-        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "lean", "lean2",
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "lean", "lean2", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
@@ -186,6 +186,80 @@ fn every_scenario_gets_the_verdict_mode_holders_and_release_time_of_the_poll() {
     }
 }
 
+/// A CUDA kernel's bad write: the driver's Xid (its tracepoint) with the process the driver's
+/// log line names, in the incident of that process's exit, or, while it survives, a record of
+/// its own and then in the incident of its kill.
+#[test]
+fn a_gpu_fault_is_tied_to_the_process_its_death_and_its_memory() {
+    let xid = suite()
+        .iter()
+        .find(|(d, _)| d.ends_with("xid"))
+        .expect("the xid pass");
+    let dmesg = std::fs::read_to_string(xid.0.join("dmesg-xid.txt")).expect("dmesg-xid.txt");
+    for s in xid.1.iter().filter(|s| s.expect("xid") == true) {
+        let pid = ns(s.victim(), "/pid");
+        // The kernel log, captured by the suite itself, names the same process.
+        assert!(
+            dmesg.contains(&format!(
+                "Xid (PCI:0000:00:06): 31, pid={pid}, name=python3"
+            )),
+            "{}: {dmesg}",
+            s.name
+        );
+        let inc = s.last(pid);
+        let errors = inc["gpu_errors"].as_array().expect("gpu_errors");
+        assert_eq!(errors.len(), 1, "{}: {inc}", s.name);
+        let x = &errors[0];
+        assert_eq!(x["xid"], 31, "{}", s.name);
+        assert_eq!(x["pid"], pid, "{}", s.name);
+        assert_eq!(x["gpu"], 0, "{}", s.name);
+        assert_eq!(x["source"], "tracepoint", "{}", s.name);
+        assert!(x["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")));
+        // After the program's own fault, before its death.
+        let fault = ns(s.victim(), "/t_fault_ns");
+        let t = ns(x, "/t_ns");
+        assert!(
+            t > fault && t < ns(inc, "/t_group_dead_ns"),
+            "{}: {x}",
+            s.name
+        );
+        let story = inc["verdict"]["evidence"][0].as_str().expect("evidence");
+        assert!(
+            story.starts_with("Xid 31 (MMU fault) on GPU0 at -"),
+            "{story}"
+        );
+        assert!(story.contains("memory back at +"), "{story}");
+        let own: Vec<&Value> = s
+            .lines
+            .iter()
+            .filter(|l| l["type"] == "gpu_error")
+            .collect();
+        // On the timeline: one instant on the GPUs' track (the log line repeats it).
+        let out = Command::new(linger())
+            .args(["export", "--format", "perfetto"])
+            .arg(xid.0.join(format!("{}.trace", s.name)))
+            .output()
+            .expect("run linger export");
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+        let marks: Vec<&Value> = doc["traceEvents"]
+            .as_array()
+            .expect("traceEvents")
+            .iter()
+            .filter(|e| e["cat"] == "gpu_error")
+            .collect();
+        assert_eq!(marks.len(), 1, "{}: {marks:?}", s.name);
+        assert_eq!(marks[0]["name"], "Xid 31 (MMU fault) on GPU0");
+        assert_eq!(marks[0]["ts"].as_f64(), Some(t as f64 / 1e3));
+        if s.expect("gpu_error") == true {
+            assert_eq!(own.len(), 1, "{}: the survivor's Xid on its own", s.name);
+            assert_eq!(own[0]["pid"], pid);
+            assert_eq!(own[0]["t_ns"], x["t_ns"]);
+        } else {
+            assert!(own.is_empty(), "{}: {own:?}", s.name);
+        }
+    }
+}
+
 /// Memory held elsewhere is said at once, then updated when it comes back.
 #[test]
 fn memory_held_by_others_is_reported_at_once_and_updated_when_back() {
@@ -225,7 +299,8 @@ fn memory_held_by_others_is_reported_at_once_and_updated_when_back() {
 /// the device back to its level when the poll saw it, and nobody called unknown.
 #[test]
 fn a_kill_storm_reports_each_release_and_the_devices_return() {
-    for (_, all) in suite() {
+    // The xid pass holds only the GPU-fault scenarios.
+    for (_, all) in suite().iter().filter(|(d, _)| !d.ends_with("xid")) {
         let s = all.iter().find(|s| s.name == "kill-storm").expect("storm");
         let victims = s.truth["victims"].as_array().expect("victims");
         let mut backs = Vec::new();

@@ -275,6 +275,21 @@ def xid_fault(poll, idle):
             "expect": {"verdict": "released", "mode": "exit", "status": 1, "xid": True}}
 
 
+def xid_survivor(poll, idle):
+    # The program survives its CUDA error (it catches it and stays, holding its memory): the
+    # Xid is reported on its own; its SIGKILL 7 s later is an incident that cites it.
+    v = Victim("--gib", "2", "--fault-after", "0.5", "--survive-fault")
+    line = v.proc.stdout.readline()
+    fault = json.loads(line.split(" ", 1)[1]) if line.startswith("FAULT") else {"line": line}
+    time.sleep(7)
+    t_kill = kill(v.pid)
+    t_reaped = reap(v.pid)
+    back = settle(poll, idle, t_kill)
+    return {"victims": [{"pid": v.pid, "t_kill_ns": t_kill, "t_reaped_ns": t_reaped,
+                         "t_back_ns": back, **fault}],
+            "expect": {"verdict": "released", "mode": "kill", "xid": True, "gpu_error": True}}
+
+
 SCENARIOS = {
     "early-kill-1g": early_kill(1),
     "early-kill-16g": early_kill(16),
@@ -291,6 +306,7 @@ SCENARIOS = {
     "crash": crash,
     "oom": oom,
     "xid-fault": xid_fault,
+    "xid-survivor": xid_survivor,
 }
 
 

@@ -14,6 +14,7 @@ killed or does what its options say.
 --fault-after S    S seconds after READY, run a CUDA kernel that writes through an invalid
                    pointer (an ordinary programming error: the driver reports an Xid and kills
                    the context), then exit with status 1 as a program whose CUDA call failed
+--survive-fault    with --fault-after: catch the error and stay alive (holding the memory)
 --wait-alloc G     a next job: after READY, try to allocate G GiB every 20 ms until it fits,
                    then print `GOT {json}` (refused attempts, when) and exit 0
 """
@@ -36,6 +37,7 @@ def options():
     p.add_argument("--send-fds", action="store_true")
     p.add_argument("--fault-after", type=float)
     p.add_argument("--wait-alloc", type=float)
+    p.add_argument("--survive-fault", action="store_true")
     return p.parse_args()
 
 
@@ -44,7 +46,7 @@ extern "C" __global__ void poke(int *p) { *p = 42; }
 """
 
 
-def fault():
+def fault(survive=False):
     import cupy
     kernel = cupy.RawKernel(POKE, "poke")
     t = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
@@ -54,6 +56,9 @@ def fault():
         cupy.cuda.runtime.deviceSynchronize()
     except Exception as e:  # cudaErrorIllegalAddress, as the program would see it
         print("FAULT", json.dumps({"t_fault_ns": t, "error": repr(e)}), flush=True)
+        if survive:
+            while True:
+                time.sleep(1)
         os._exit(1)
     print("FAULT", json.dumps({"t_fault_ns": t, "error": None}), flush=True)
     os._exit(2)
@@ -166,6 +171,6 @@ if __name__ == "__main__":
         ctypes.string_at(0)
     if a.fault_after is not None:
         time.sleep(a.fault_after)
-        fault()
+        fault(a.survive_fault)
     while True:
         time.sleep(1)

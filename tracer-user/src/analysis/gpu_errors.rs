@@ -14,6 +14,9 @@ use crate::event::{GpuInfo, XidSource};
 pub const LINK_WAIT_NS: u64 = 5_000_000_000;
 /// How far back an incident looks for Xids of its process or GPU.
 pub const LOOK_BACK_NS: u64 = 600_000_000_000;
+/// The driver's tracepoint and its log line of one Xid are this close (the line is printed
+/// just after the tracepoint fires; the log reader may see it first).
+const TWIN_NS: u64 = 2_000_000_000;
 /// Xids kept for incidents to cite; a GPU spraying errors keeps only its latest.
 const KEEP: usize = 1024;
 
@@ -91,7 +94,9 @@ impl XidBook {
         self.gpus = gpus.to_vec();
     }
 
-    /// A new Xid; its GPU resolved through NVML's bus ids.
+    /// A new Xid; its GPU resolved through NVML's bus ids. The driver's tracepoint and its
+    /// log line report the same error, and only the line names the process ("pid=468,
+    /// name=python3, " before the same text): the second of the two fills in the first.
     pub fn add(
         &mut self,
         t_ns: u64,
@@ -102,7 +107,7 @@ impl XidBook {
         source: XidSource,
     ) {
         let gpu = device(&self.gpus, pci);
-        let facts = named(message);
+        let (pid, process_name) = named(message);
         let error = GpuError {
             xid,
             meaning: meaning(xid),
@@ -111,12 +116,30 @@ impl XidBook {
             pci: pci.to_string(),
             gpu: gpu.map(|g| g.index),
             uuid: gpu.map(|g| g.uuid.clone()),
-            pid: facts.0,
-            process_name: facts.1,
+            pid,
+            process_name,
             message: message.to_string(),
             truncated,
             source,
         };
+        if let Some(twin) = self
+            .recent
+            .iter_mut()
+            .rev()
+            .find(|e| e.error.source != source && same_report(&e.error, &error))
+        {
+            let (log, traced) = match source {
+                XidSource::Kmsg => (error, &mut twin.error),
+                XidSource::Tracepoint => {
+                    (std::mem::replace(&mut twin.error, error), &mut twin.error)
+                }
+            };
+            traced.pid = log.pid;
+            traced.process_name = log.process_name;
+            traced.message = log.message;
+            traced.truncated = false;
+            return;
+        }
         if self.recent.len() >= KEEP {
             if let Some(old) = self.recent.pop_front() {
                 self.waiting -= usize::from(!old.linked);
@@ -225,6 +248,27 @@ pub fn story(inc: &Incident) -> String {
         line.push_str(&then.join(", "));
     }
     line
+}
+
+/// Whether a tracepoint record and a log line are the same report: same number and device,
+/// close in time, and the line's text ends with the record's (less what the record cut).
+fn same_report(a: &GpuError, b: &GpuError) -> bool {
+    let (traced, logged) = match a.source {
+        XidSource::Tracepoint => (a, b),
+        XidSource::Kmsg => (b, a),
+    };
+    let text = traced.message.trim_end();
+    let tail = if traced.truncated {
+        // The record kept the start of the text: look for it in the line.
+        logged.message.contains(text)
+    } else {
+        logged.message.ends_with(text)
+    };
+    a.xid == b.xid
+        && a.t_ns.abs_diff(b.t_ns) <= TWIN_NS
+        && same_device(&a.pci, &b.pci)
+        && !text.is_empty()
+        && tail
 }
 
 /// Whether an incident of `pid` on `gpu` counting from `t_ns` cites this Xid.
@@ -355,6 +399,62 @@ mod tests {
         assert_eq!(cited[0].at_ms, Some(-0.001));
         assert!(b.cited(10, Some(0), 2_000, false).is_empty());
         assert_eq!(b.cited(10, Some(0), 2_000, true).len(), 1);
+    }
+
+    #[test]
+    fn the_log_line_names_the_process_of_the_tracepoint_record() {
+        // As on the H200: the tracepoint's text lacks the "pid=, name=" the log line has.
+        let text = "channel 0x0000000a, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC1";
+        let line = format!("pid=468, name=python3, {text}");
+        for (first, second) in [
+            (XidSource::Tracepoint, XidSource::Kmsg),
+            (XidSource::Kmsg, XidSource::Tracepoint),
+        ] {
+            let mut b = book();
+            let msg = |s| {
+                if s == XidSource::Kmsg {
+                    line.as_str()
+                } else {
+                    text
+                }
+            };
+            b.add(1_000_000, 31, "0000:3b:00.0", msg(first), false, first);
+            b.add(2_000_000, 31, "0000:3b:00", msg(second), false, second);
+            let cited = b.cited(468, Some(0), 3_000_000, false);
+            assert_eq!(cited.len(), 1, "one report, not two ({first:?} first)");
+            let x = &cited[0];
+            assert_eq!(
+                (x.pid, x.process_name.as_deref()),
+                (Some(468), Some("python3"))
+            );
+            assert_eq!(x.source, XidSource::Tracepoint);
+            // The tracepoint's time: the moment the driver reported it.
+            let traced_at = if first == XidSource::Tracepoint {
+                1_000_000
+            } else {
+                2_000_000
+            };
+            assert_eq!(x.t_ns, traced_at);
+        }
+        // Another error of the same number and device is its own report.
+        let mut b = book();
+        b.add(
+            1_000,
+            31,
+            "0000:3b:00.0",
+            text,
+            false,
+            XidSource::Tracepoint,
+        );
+        b.add(
+            2_000,
+            31,
+            "0000:3b:00",
+            "pid=5, name=x, channel 0x0000000b, intr 0",
+            false,
+            XidSource::Kmsg,
+        );
+        assert_eq!(b.unlinked(u64::MAX / 2, true).len(), 2);
     }
 
     #[test]

@@ -290,12 +290,13 @@ mod tests {
 
     fn sample(id: u64, release_ms: Option<u64>, lingering: bool) -> Sample {
         Sample {
-            key: (id, id, id),
+            key: (None, id, id, id),
             termination: "kill".into(),
             verdict: "released".into(),
             comm: "python3".into(),
             gpu: Some(0),
             pod: None,
+            driver: None,
             wall_time: None,
             share_bytes: 4 * GIB,
             release_ns: release_ms.map(|m| m * 1_000_000),

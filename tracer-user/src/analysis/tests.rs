@@ -125,7 +125,7 @@ impl Run {
             .iter()
             .filter_map(|o| match o {
                 Output::Incident(i) => Some(&**i),
-                Output::Signal(_) => None,
+                Output::Signal(_) | Output::GpuError(_) => None,
             })
             .collect()
     }

@@ -151,15 +151,12 @@ pub fn trace(
         ..Default::default()
     };
     let mut recorder = record::start(args, &anchor, &config)?;
-    // Without the driver's tracepoint, GPU errors come from the kernel log, which may take
-    // CAP_SYSLOG to open: before the capabilities go.
-    let kmsg = if probes.strategy().xid_tracepoint {
-        None
-    } else {
-        kmsg::open()
-            .map_err(|e| warn!("GPU errors will not be seen: opening /dev/kmsg failed: {e}"))
-            .ok()
-    };
+    // The kernel log names the process of a GPU error (the driver's tracepoint does not),
+    // and has the errors where the tracepoint is missing; opening it may take CAP_SYSLOG:
+    // before the capabilities go.
+    let kmsg = kmsg::open()
+        .map_err(|e| warn!("GPU errors will not name their process: opening /dev/kmsg failed: {e}"))
+        .ok();
     // Attached, and the trace file open: from here on only what the collector uses.
     privileges::drop_after_attach(args.sample_hz > 0)?;
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -4,17 +4,12 @@
 use std::{fs::File, path::Path, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use tracer_user::{
-    analysis::{incident::Node, CorrelatorConfig},
-    escape,
-    source::replay::Replay,
-    trace::TraceMeta,
-};
+use tracer_user::{analysis::CorrelatorConfig, escape, source::replay::Replay, trace::TraceMeta};
 
 use super::{
     duration,
     progress::Progress,
-    report::{Output, Report},
+    report::{self, Output, Report},
 };
 
 #[derive(clap::Args)]
@@ -90,11 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         count: args.count.or(recorded_count.map(|n| n as usize)),
     };
     let mut out = progress.writer(std::io::stdout().lock());
-    let node = Node {
-        host: meta.host.clone(),
-        boot_id: meta.boot_id.clone(),
-        driver: meta.driver.clone(),
-    };
+    let node = report::node_of(&meta);
     let mut report = Report::new(&mut out, output, meta.anchor(), config, node);
     let read = replay.run(|e| report.on_event(e), |at| progress.set(at));
     progress.finish();

@@ -10,6 +10,7 @@ use tracer_user::{
     escape,
     event::{Event, EventData, LossKind},
     sink::{json, text},
+    trace::TraceMeta,
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -128,17 +129,7 @@ impl<'a, W: Write> Report<'a, W> {
 
     fn emit(&mut self) -> ControlFlow<()> {
         for mut record in std::mem::take(&mut self.closed) {
-            match &mut record {
-                Record::Incident(inc) => {
-                    inc.node = Some(self.node.clone());
-                    inc.wall_time = self.anchor.rfc3339(inc.t_signal_ns);
-                }
-                Record::GpuError(r) => {
-                    r.node = Some(self.node.clone());
-                    r.wall_time = self.anchor.rfc3339(r.error.t_ns);
-                }
-                Record::Signal(_) => {}
-            }
+            stamp(&mut record, &self.node, &self.anchor);
             let written = if self.output.json {
                 json::write_line(self.out, &record)
             } else {
@@ -181,5 +172,29 @@ impl<'a, W: Write> Report<'a, W> {
             eprintln!("linger: the kernel lost {count} {what}");
             Ok(())
         }
+    }
+}
+
+/// Marks a record with the machine and boot it is about, and its wall-clock time.
+pub fn stamp(record: &mut Record, node: &Node, anchor: &WallAnchor) {
+    match record {
+        Record::Incident(inc) => {
+            inc.node = Some(node.clone());
+            inc.wall_time = anchor.rfc3339(inc.t_signal_ns);
+        }
+        Record::GpuError(r) => {
+            r.node = Some(node.clone());
+            r.wall_time = anchor.rfc3339(r.error.t_ns);
+        }
+        Record::Signal(_) => {}
+    }
+}
+
+/// The machine a recording was made on.
+pub fn node_of(meta: &TraceMeta) -> Node {
+    Node {
+        host: meta.host.clone(),
+        boot_id: meta.boot_id.clone(),
+        driver: meta.driver.clone(),
     }
 }

@@ -11,6 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use super::report;
 use anyhow::Context;
 use serde_json::{json, Value};
 use tracer_user::{
@@ -219,7 +220,13 @@ fn replayed(file: &Path, skipped: &mut Skipped) -> Vec<Value> {
         ));
     }
     correlator.finish(&mut out);
-    out.iter()
+    // As `linger replay` prints them: the same node and boot as the live output's records.
+    let (node, anchor) = (report::node_of(replay.meta()), replay.meta().anchor());
+    out.iter_mut()
+        .map(|r| {
+            report::stamp(r, &node, &anchor);
+            &*r
+        })
         .filter_map(|r| serde_json::to_value(r).ok())
         .collect()
 }

@@ -87,7 +87,20 @@ pub fn run() -> Report {
             detail: format!("loading the eBPF object failed: {e}"),
         }),
     }
-    let gpu = vec![driver_check(), nvml_check()];
+    let xid = super::xid::layout();
+    driver_hooks.xid_tracepoint = xid.is_ok();
+    let gpu = vec![
+        driver_check(),
+        nvml_check(),
+        Check {
+            name: "xid_tracepoint",
+            ok: xid.is_ok(),
+            detail: xid.map_or_else(
+                |why| format!("{why}: GPU errors from the kernel log"),
+                |_| "nvidia/nvidia_dev_xid: GPU errors as the driver reports them".into(),
+            ),
+        },
+    ];
     Report {
         record_type: "doctor",
         kernel: kernel_line(),

@@ -34,6 +34,12 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             syscalls
         }
     };
+    let xids = if strategy.xid_tracepoint {
+        "tracepoint nvidia/nvidia_dev_xid; the process it names from the driver's line in the \
+         kernel log (/dev/kmsg)"
+    } else {
+        "the driver's lines in the kernel log (/dev/kmsg): no nvidia/nvidia_dev_xid tracepoint"
+    };
     let q = |question, default: &str, lean: &str, cost| Question {
         question,
         default: default.to_string(),
@@ -124,6 +130,12 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             "NVML: 1 ms while awaited (also after any fatal signal, for 300 ms), else every \
              100 ms",
             "linger's own CPU (about 10 µs a reading)",
+        ),
+        q(
+            "GPU errors (Xids) and the process each names",
+            xids,
+            xids,
+            "fires on GPU errors only; the kernel log is read by linger's own thread",
         ),
     ]
 }

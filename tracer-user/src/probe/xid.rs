@@ -53,9 +53,9 @@ fn parse(format: &str) -> Result<XidLayout, String> {
 mod tests {
     use super::*;
 
-    // As the H200's driver 580 prints it (FACTS §1: the tracepoint attaches there).
+    // The H200's, driver 580.159.04 (tests/data/h200/suite/xid, 2026-12-01).
     const FORMAT: &str = "name: nvidia_dev_xid
-ID: 1563
+ID: 2430
 format:
 \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
 \tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
@@ -71,13 +71,13 @@ print fmt: \"Xid (PCI:%s): %u, %s\", __get_str(dev), REC->error_code, __get_str(
 
     #[test]
     fn reads_the_offsets_from_the_format() {
-        let l = parse(FORMAT).unwrap();
+        let l = parse(FORMAT).expect("the H200's format");
         assert_eq!((l.dev, l.error_code, l.msg), (8, 12, 16));
     }
 
     #[test]
     fn a_format_without_the_message_is_refused() {
         let cut = FORMAT.replace("__data_loc char[] msg", "u64 other");
-        assert!(parse(&cut).unwrap_err().contains("`msg`"));
+        assert!(parse(&cut).expect_err("no msg").contains("`msg`"));
     }
 }

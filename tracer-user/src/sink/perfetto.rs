@@ -17,9 +17,9 @@ use super::{
     phases::{self, end_ns, phases},
 };
 use crate::{
-    analysis::{signals, Incident},
+    analysis::{gpu_errors, signals, Incident},
     escape,
-    event::{Event, EventData},
+    event::{Event, EventData, GpuInfo, XidSource},
     trace::snapshot::Process,
 };
 
@@ -31,6 +31,10 @@ pub struct ChromeTrace<W: Write> {
     /// (GPU, pid) pairs NVML listed in its last sample: a pair that leaves the list has
     /// freed its memory, drawn as a drop to zero.
     nvml_holders: BTreeSet<(u32, u32)>,
+    /// NVML's GPUs, to place GPU errors by the device they name.
+    gpus: Vec<GpuInfo>,
+    /// GPU errors come from the driver's tracepoint: their log lines repeat them.
+    xid_tracepoint: bool,
 }
 
 /// Pid of the track holding whole-GPU counters.
@@ -47,7 +51,7 @@ struct TraceEvent<'a> {
     dur: Option<f64>,
     pid: u32,
     tid: u32,
-    /// Instant scope: `t` thread, `g` global.
+    /// Instant scope: `t` thread, `p` process, `g` global.
     #[serde(skip_serializing_if = "Option::is_none")]
     s: Option<&'a str>,
     #[serde(skip_serializing_if = "Value::is_null")]
@@ -95,6 +99,8 @@ impl<W: Write> ChromeTrace<W> {
             processes: BTreeMap::new(),
             threads: BTreeMap::new(),
             nvml_holders: BTreeSet::new(),
+            gpus: Vec::new(),
+            xid_tracepoint: false,
         })
     }
 
@@ -202,6 +208,46 @@ impl<W: Write> ChromeTrace<W> {
             EventData::ProcInfo(info) => {
                 self.name(info.pid, None, &info.comm);
                 Ok(())
+            }
+            EventData::Gpus { gpus } => {
+                self.gpus = gpus.clone();
+                Ok(())
+            }
+            EventData::Strategy(st) => {
+                self.xid_tracepoint = st.xid_tracepoint;
+                self.instant(
+                    "strategy",
+                    pid,
+                    tid,
+                    e.ts_ns,
+                    serde_json::to_value(&e.data)?,
+                )
+            }
+            EventData::GpuXid {
+                source: XidSource::Kmsg,
+                ..
+            } if self.xid_tracepoint => Ok(()),
+            // On the GPUs' track, at the moment the driver reported it.
+            EventData::GpuXid {
+                xid, pci, message, ..
+            } => {
+                let gpu = gpu_errors::device(&self.gpus, pci).map(|g| g.index);
+                let on = gpu.map_or_else(|| format!("PCI {pci}"), |i| format!("GPU{i}"));
+                let name = format!("Xid {xid} ({}) on {on}", gpu_errors::meaning(*xid));
+                self.processes
+                    .entry(GPUS_PID)
+                    .or_insert_with(|| "GPUs (NVML)".into());
+                self.write(&TraceEvent {
+                    name: &name,
+                    cat: "gpu_error",
+                    ph: "i",
+                    ts: us(e.ts_ns),
+                    dur: None,
+                    pid: GPUS_PID,
+                    tid: 0,
+                    s: Some("p"),
+                    args: json!({"xid": xid, "pci": pci, "gpu": gpu, "message": message}),
+                })
             }
             // Samples feed the flamegraph (`--format svg`); on a timeline they are noise.
             EventData::Tick

@@ -118,12 +118,13 @@ mod tests {
     #[test]
     fn names_are_escaped_and_every_incident_is_a_dot() {
         let s = |id, ms: u64, comm: &str| Sample {
-            key: (id, id, id),
+            key: (None, id, id, id),
             termination: "kill".into(),
             verdict: "released".into(),
             comm: comm.into(),
             gpu: None,
             pod: None,
+            driver: None,
             wall_time: None,
             share_bytes: 1 << 30,
             release_ns: Some(ms * 1_000_000),

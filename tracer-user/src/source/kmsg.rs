@@ -65,6 +65,9 @@ impl Drop for KmsgReader {
 }
 
 fn read_loop(mut log: File, stop: &AtomicBool, out: &UnboundedSender<Event>) {
+    // The end the open seeked to is the kernel's best guess and may lag: records logged
+    // before the start can still come first.
+    let since_ns = monotonic_ns();
     // One record per read; the kernel's records are at most about 1 KiB of text.
     let mut buf = vec![0u8; 8192];
     while !stop.load(Ordering::Relaxed) {
@@ -76,7 +79,8 @@ fn read_loop(mut log: File, stop: &AtomicBool, out: &UnboundedSender<Event>) {
             match log.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    if let Some(e) = parse(&String::from_utf8_lossy(&buf[..n])) {
+                    let record = String::from_utf8_lossy(&buf[..n]);
+                    if let Some(e) = parse(&record, since_ns) {
                         if out.send(e).is_err() {
                             return;
                         }
@@ -96,10 +100,13 @@ fn read_loop(mut log: File, stop: &AtomicBool, out: &UnboundedSender<Event>) {
 }
 
 /// A log record ("6,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=..., ...") as a GPU
-/// error event, if it is one.
-fn parse(record: &str) -> Option<Event> {
+/// error event, if it is one logged at `since_ns` (monotonic) or later.
+fn parse(record: &str, since_ns: u64) -> Option<Event> {
     let (prefix, text) = record.split_once(';')?;
     let ts_us: u64 = prefix.split(',').nth(2)?.parse().ok()?;
+    if ts_us.saturating_mul(1_000) < since_ns {
+        return None;
+    }
     let text = text.lines().next()?;
     let rest = &text[text.find("Xid (PCI:")? + "Xid (PCI:".len()..];
     let (pci, rest) = rest.split_once("): ")?;
@@ -128,8 +135,9 @@ mod tests {
         let e = parse(
             "4,2817,93845219003,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=5121, name=python3, \
              channel 0x00000002, intr 00000000. MMU Fault\n SUBSYSTEM=pci\n",
+            0,
         )
-        .unwrap();
+        .expect("an Xid line");
         let EventData::GpuXid {
             xid, pci, message, ..
         } = e.data
@@ -146,8 +154,14 @@ mod tests {
 
     #[test]
     fn other_lines_are_not_errors() {
-        assert!(parse("6,1,2,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module").is_none());
-        assert!(parse("6,1,2,-;NVRM: Xid (PCI:0000:3b:00): x, junk").is_none());
-        assert!(parse("garbage").is_none());
+        assert!(parse("6,1,2,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module", 0).is_none());
+        assert!(parse("6,1,2,-;NVRM: Xid (PCI:0000:3b:00): x, junk", 0).is_none());
+        assert!(parse("garbage", 0).is_none());
+        // Logged before linger started.
+        assert!(parse(
+            "4,9,5000,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=1",
+            5_000_001
+        )
+        .is_none());
     }
 }
