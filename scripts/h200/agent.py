@@ -101,6 +101,16 @@ r["agent_rc"] = agent.wait(timeout=60)
 r["scrape_ms"] = {"n": len(LATENCY_MS), "max": max(LATENCY_MS),
                   "median": sorted(LATENCY_MS)[len(LATENCY_MS) // 2]}
 poll.stop()
+# The flight recorder's trace of the held incident, replayed.
+flight = os.path.join(OUT, "state", "flight")
+r["flight_files"] = sorted(os.listdir(flight)) if os.path.isdir(flight) else []
+mine = [f for f in r["flight_files"] if f.startswith("incident-") and f.endswith(f"-{v.pid}.trace")]
+if mine:
+    p = subprocess.run([L, "replay", "--json", os.path.join(flight, mine[0])],
+                       capture_output=True, text=True)
+    r["flight_replay"] = {"rc": p.returncode, "err": p.stderr[-2000:],
+                          "records": [json.loads(l) for l in p.stdout.splitlines()]}
 json.dump(r, open(os.path.join(OUT, "agent.json"), "w"), indent=1)
 print(json.dumps({k: r[k] for k in r if k.startswith("t_") or k.startswith("wait") or k in
-                  ("victim", "child", "agent_rc", "nvml_held_bytes", "scrape_ms")}, indent=1))
+                  ("victim", "child", "agent_rc", "nvml_held_bytes", "scrape_ms",
+                   "flight_files")}, indent=1))

@@ -419,3 +419,94 @@ fn a_full_disk_is_counted_and_the_agent_carries_on() {
         .sum();
     assert_eq!(counted, 4.0, "{body}");
 }
+
+#[test]
+fn a_held_incident_gets_a_flight_file_that_replays_to_it() {
+    let _serial = serial();
+    let dir = private_dir("flight");
+    let device = stand_in_device(&dir);
+    let state = dir.join("state");
+    fs::create_dir(&state).expect("state dir");
+    fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("chmod");
+    let port = free_port();
+    let _agent = agent(
+        &device,
+        port,
+        &[
+            "--state-dir",
+            state.to_str().expect("UTF-8"),
+            "--keep",
+            "1m",
+        ],
+    );
+    // A holder whose forked child keeps the file; the kill comes in a later segment than
+    // the fork (segments last 10 s at the least).
+    let mut parent = Command::new("sh")
+        .args(["-c", "exec 3<>\"$0\"; sleep 600 & echo $!; exec sleep 600"])
+        .arg(&device)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let mut line = String::new();
+    BufReader::new(parent.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the child's pid");
+    let child: u32 = line.trim().parse().expect("pid");
+    thread::sleep(Duration::from_secs(11));
+    sigkill(parent.id());
+    let _ = parent.wait();
+    thread::sleep(Duration::from_secs(1));
+    sigkill(child);
+    let flight = state.join("flight");
+    let suffix = format!("-{}.trace", parent.id());
+    let file = eventually("the flight file", Duration::from_secs(15), || {
+        fs::read_dir(&flight)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("incident-") && n.ends_with(&suffix))
+            })
+    });
+    let segments = fs::read_dir(&flight)
+        .expect("flight dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("segment-"))
+        .count();
+    assert!(segments >= 2, "the window spans segments: {segments}");
+    let out = Command::new(linger())
+        .args(["replay", "--json"])
+        .arg(&file)
+        .output()
+        .expect("linger replay");
+    assert!(out.status.success(), "{out:?}");
+    let of = |text: &str| -> Vec<Value> {
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
+            .filter(|r| r["target"]["pid"] == parent.id())
+            .map(|mut r| {
+                // Numbered per run, and stamped by the process that printed it.
+                for k in ["id", "node", "wall_time"] {
+                    r[k].take();
+                }
+                r
+            })
+            .collect()
+    };
+    let replayed = of(&String::from_utf8_lossy(&out.stdout));
+    let logged = of(&fs::read_to_string(state.join("incidents.jsonl")).expect("log"));
+    assert!(!logged.is_empty());
+    assert_eq!(
+        replayed, logged,
+        "the flight file replays to the logged incident"
+    );
+    let verdict = &logged.last().expect("incident")["verdict"]["kind"];
+    assert_eq!(verdict, "shared_fd");
+    assert_eq!(
+        logged.last().expect("incident")["holders"][0]["how"],
+        "fork"
+    );
+}

@@ -25,8 +25,17 @@ fn the_agents_incident_log_is_what_its_recording_replays_to() {
         .output()
         .expect("linger replay");
     assert!(out.status.success(), "{out:?}");
-    let replayed = lines(&String::from_utf8_lossy(&out.stdout));
+    let mut replayed = lines(&String::from_utf8_lossy(&out.stdout));
     let logged = lines(&std::fs::read_to_string(data().join("incidents.jsonl")).expect("log"));
+    // The agent that wrote the log predates `node.driver`; the replay takes it from the
+    // recording's header.
+    for (r, l) in replayed.iter_mut().zip(&logged) {
+        if l["node"].get("driver").is_none() {
+            if let Some(node) = r.get_mut("node").and_then(Value::as_object_mut) {
+                node.remove("driver");
+            }
+        }
+    }
     assert_eq!(replayed, logged);
 
     let run: Value =
@@ -72,4 +81,43 @@ fn the_agents_incident_log_is_what_its_recording_replays_to() {
     assert_eq!(waited["verdict"], "shared_fd");
     assert_eq!(waited["dead"][0]["incident"]["holders"][0]["pid"], child);
     assert_eq!(run["wait_after"]["rc"], 0);
+}
+
+/// The same run with the flight recorder (tests/data/h200/agent-flight): the trace file it
+/// wrote when the held incident settled replays to that incident as the agent logged it.
+#[test]
+fn the_flight_recorders_file_replays_to_the_held_incident() {
+    let linger = std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`");
+    let dir = data().with_file_name("agent-flight");
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("agent.json")).expect("run"))
+            .expect("agent.json");
+    let victim = run["victim"].as_u64().expect("victim pid");
+    let out = Command::new(linger)
+        .args(["replay", "--json"])
+        .arg(dir.join(format!("incident-1-{victim}.trace")))
+        .output()
+        .expect("linger replay");
+    assert!(out.status.success(), "{out:?}");
+    // Numbered per run, and stamped by the process that printed it.
+    let of_victim = |records: Vec<Value>| -> Vec<Value> {
+        records
+            .into_iter()
+            .filter(|r| r["target"]["pid"] == victim)
+            .map(|mut r| {
+                for k in ["id", "node", "wall_time"] {
+                    r[k].take();
+                }
+                r
+            })
+            .collect()
+    };
+    let replayed = of_victim(lines(&String::from_utf8_lossy(&out.stdout)));
+    let logged = of_victim(lines(
+        &std::fs::read_to_string(dir.join("incidents.jsonl")).expect("log"),
+    ));
+    assert_eq!(replayed.len(), 2, "the incident and its update");
+    assert_eq!(replayed, logged);
+    assert_eq!(logged[1]["verdict"]["kind"], "shared_fd");
+    assert_eq!(logged[1]["settled"], true);
 }

@@ -90,6 +90,13 @@ pub struct BuildLabels {
     pub strategy: String,
 }
 
+/// Counters of writes that failed, kept by their writers.
+#[derive(Clone, Default)]
+pub struct WriteErrors {
+    pub log: Counter,
+    pub flight: Counter,
+}
+
 /// What the build-info series says about this agent.
 pub struct Build {
     pub driver: String,
@@ -132,13 +139,13 @@ pub struct Metrics {
 const RECENT_DEATH_NS: u64 = 5_000_000_000;
 
 impl Metrics {
-    /// The metrics and the registry to serve them from; `log_errors` counts the incident log's
-    /// failed writes.
+    /// The metrics and the registry to serve them from; `writes` counts the failed writes of
+    /// the incident log and the flight recorder.
     pub fn new(
         build: Build,
         gpus: &[GpuInfo],
         hostname: String,
-        log_errors: Counter,
+        writes: WriteErrors,
         dead_or_invisible: fn(u32) -> bool,
     ) -> (Self, Registry) {
         let mut registry = Registry::default();
@@ -202,7 +209,12 @@ impl Metrics {
         registry.register(
             "linger_log_write_errors",
             "Incident log lines that could not be written (disk full, unwritable)",
-            log_errors,
+            writes.log,
+        );
+        registry.register(
+            "linger_flight_recorder_errors",
+            "Flight recorder segments or incident traces that could not be written",
+            writes.flight,
         );
         registry.register(
             "linger_build",
@@ -422,7 +434,7 @@ mod tests {
             strategy: String::new(),
         };
         // Every pid counts as dead here.
-        Metrics::new(build, &[], "node".into(), Counter::default(), |_| true).0
+        Metrics::new(build, &[], "node".into(), WriteErrors::default(), |_| true).0
     }
 
     fn exit(pid: u32, ts_ns: u64) -> Event {

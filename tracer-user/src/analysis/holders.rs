@@ -42,6 +42,21 @@ pub enum How {
     },
 }
 
+impl How {
+    /// When the holder got the files (or the memory), where known.
+    pub fn t_ns(&self) -> Option<u64> {
+        match self {
+            Self::Open { t_ns }
+            | Self::Dup { t_ns }
+            | Self::Fork { t_ns, .. }
+            | Self::SharedTable { t_ns, .. }
+            | Self::Seen { t_ns }
+            | Self::Import { t_ns, .. } => Some(*t_ns),
+            Self::Snapshot => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Fd {
     pub file: FileId,

@@ -208,15 +208,19 @@ pub struct Group {
     pub release_values_ms: Vec<f64>,
 }
 
-/// The groups of `samples` by `by`, in key order.
+/// The groups of `samples` by `by`, in key order (size buckets smallest first).
 pub fn groups<'a>(samples: impl Iterator<Item = &'a Sample>, by: By) -> Vec<Group> {
-    let mut split: BTreeMap<String, Vec<&Sample>> = BTreeMap::new();
+    let mut split: BTreeMap<(u64, String), Vec<&Sample>> = BTreeMap::new();
     for s in samples {
-        split.entry(by.of(s)).or_default().push(s);
+        let rank = match by {
+            By::Size => s.share_bytes.checked_ilog2().unwrap_or(0).into(),
+            _ => 0,
+        };
+        split.entry((rank, by.of(s))).or_default().push(s);
     }
     split
         .into_iter()
-        .map(|(group, all)| summarize(group, &all))
+        .map(|((_, group), all)| summarize(group, &all))
         .collect()
 }
 

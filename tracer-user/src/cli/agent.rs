@@ -12,19 +12,23 @@ use std::{
 };
 
 use anyhow::Context;
-use prometheus_client::metrics::counter::Counter;
 use tracer_user::{
     agent::{
         http,
-        metrics::{Build, Metrics},
+        metrics::{Build, Metrics, WriteErrors},
     },
     analysis::Output as Record,
+    clock::boottime_ns,
     event::{Event, EventData, Strategy},
-    output::IncidentLog,
+    output::{FlightOptions, FlightRecorder, IncidentLog},
     source::{gpu::GpuSources, procfs},
+    trace::TraceMeta,
 };
 
-use super::live::{self, Companion};
+use super::{
+    duration,
+    live::{self, Companion},
+};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -47,6 +51,17 @@ pub struct Args {
     /// Rotated incident logs kept.
     #[arg(long, default_value_t = 4)]
     pub log_keep: usize,
+    /// How much of the past the flight recorder keeps in `DIR/flight` (with --state-dir);
+    /// an incident that ends with any verdict but `released`, or lingers, gets a trace file
+    /// of its window there.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration::parse)]
+    pub keep: Duration,
+    /// The flight recorder's segments take at most this many bytes (the oldest go first).
+    #[arg(long, default_value_t = 256 << 20)]
+    pub flight_max_bytes: u64,
+    /// No flight recorder.
+    #[arg(long)]
+    pub no_flight: bool,
     #[command(flatten)]
     pub live: live::Args,
 }
@@ -63,23 +78,36 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         .set_nonblocking(true)
         .context("making the metrics listener non-blocking")?;
     let addr = listener.local_addr().unwrap_or(args.metrics_listen);
-    let log_errors = Counter::default();
+    let writes = WriteErrors::default();
     let reopen = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reopen))
         .context("handling SIGHUP")?;
     let probes = live::load(&args.live)?;
+    let flight = match (&args.state_dir, args.no_flight) {
+        (Some(dir), false) => Some(FlightPlan {
+            dir: dir.clone(),
+            options: FlightOptions {
+                keep: args.keep,
+                max_bytes: args.flight_max_bytes,
+                redact_cmdline: args.live.recording.redact_cmdline,
+            },
+        }),
+        _ => None,
+    };
     let mut agent = Agent {
         listener: Some(listener),
-        log_errors: log_errors.clone(),
+        writes: writes.clone(),
         metrics: None,
         unattributed_at: None,
         nvml_errors: None,
+        flight_plan: flight,
+        flight: None,
     };
     let ready = || eprintln!("linger agent: tracing; metrics on http://{addr}/metrics");
     match &args.state_dir {
         Some(dir) => {
             let mut log =
-                IncidentLog::open(dir, args.log_max_bytes, args.log_keep, reopen, log_errors)?;
+                IncidentLog::open(dir, args.log_max_bytes, args.log_keep, reopen, writes.log)?;
             eprintln!("linger agent: incidents to {}", log.path().display());
             live::trace(probes, &args.live, ready, &mut log, &mut agent)?;
         }
@@ -98,14 +126,37 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 
 struct Agent {
     listener: Option<std::net::TcpListener>,
-    log_errors: Counter,
+    writes: WriteErrors,
     metrics: Option<Metrics>,
     unattributed_at: Option<Instant>,
     nvml_errors: Option<Arc<AtomicU64>>,
+    flight_plan: Option<FlightPlan>,
+    flight: Option<FlightRecorder>,
+}
+
+/// Where the flight recorder goes, until the collector starts.
+struct FlightPlan {
+    dir: PathBuf,
+    options: FlightOptions,
 }
 
 impl Companion for Agent {
-    fn start(&mut self, gpu: &GpuSources, strategy: &Strategy) {
+    fn start(&mut self, gpu: &GpuSources, strategy: &Strategy, meta: &TraceMeta) {
+        if let Some(plan) = self.flight_plan.take() {
+            match FlightRecorder::open(
+                &plan.dir,
+                plan.options,
+                meta.clone(),
+                gpu.snapshotter(),
+                self.writes.flight.clone(),
+            ) {
+                Ok(f) => {
+                    eprintln!("linger agent: flight recorder in {}", f.dir().display());
+                    self.flight = Some(f);
+                }
+                Err(e) => eprintln!("linger agent: no flight recorder: {e:#}"),
+            }
+        }
         let nvml = gpu.nvml_devices();
         let uname = nix::sys::utsname::uname().ok();
         let of_uname = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
@@ -131,7 +182,7 @@ impl Companion for Agent {
             build,
             &gpus,
             hostname,
-            self.log_errors.clone(),
+            self.writes.clone(),
             procfs::dead_or_invisible,
         );
         self.metrics = Some(metrics);
@@ -144,6 +195,9 @@ impl Companion for Agent {
     }
 
     fn event(&mut self, e: &Event) {
+        if let Some(f) = &mut self.flight {
+            f.event(e);
+        }
         let Some(metrics) = self.metrics.as_mut() else {
             return;
         };
@@ -170,6 +224,9 @@ impl Companion for Agent {
     fn record(&mut self, r: &Record) {
         if let Some(m) = self.metrics.as_mut() {
             m.on_record(r);
+        }
+        if let (Some(f), Record::Incident(inc)) = (&mut self.flight, r) {
+            f.incident(inc, boottime_ns());
         }
     }
 }

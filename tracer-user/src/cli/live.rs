@@ -16,6 +16,7 @@ use tracer_user::{
         kernel::KernelSource,
         kmsg, machine, procfs, workload,
     },
+    trace::TraceMeta,
 };
 
 use super::{
@@ -88,8 +89,9 @@ pub struct Args {
 
 /// What runs beside the live pipeline and sees what it sees (the agent's metrics).
 pub trait Companion {
-    /// Once, on the collector's runtime, before the first event.
-    fn start(&mut self, _gpu: &GpuSources, _strategy: &Strategy) {}
+    /// Once, on the collector's runtime, before the first event; `meta` describes the run
+    /// as a recording would.
+    fn start(&mut self, _gpu: &GpuSources, _strategy: &Strategy, _meta: &TraceMeta) {}
     fn event(&mut self, _e: &Event) {}
     fn record(&mut self, _r: &AnalysisOutput) {}
 }
@@ -174,6 +176,7 @@ pub fn trace(
         boot_id: machine.boot_id,
         driver: machine.driver,
     };
+    let meta = record::meta(args, &anchor, &config);
     let mut report = Report::new(out, output, anchor, config, node);
     report.keep_written();
     // Who traces and how goes first in the stream, so replays know it too.
@@ -210,7 +213,10 @@ pub fn trace(
     let idle = gpu.idle();
     let search = gpu.search_switch();
     let source = runtime.block_on(async {
-        companion.start(&gpu, &chosen);
+        companion.start(&gpu, &chosen, &meta);
+        // Who traces and how: the stream's first events, which the companion sees too.
+        companion.event(&me);
+        companion.event(&strategy);
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
             source,

@@ -65,7 +65,21 @@ pub fn start(
     let Some(path) = &args.recording.path else {
         return Ok(None);
     };
-    let meta = TraceMeta {
+    let meta = meta(args, anchor, config);
+    let options = WriterOptions {
+        zstd_level: (!args.recording.uncompressed).then_some(1),
+        ..Default::default()
+    };
+    let existing = Existing::replace_if(args.recording.force);
+    let mut w = writer::create(path, existing, &meta, options)
+        .with_context(|| format!("creating the trace file {}", escape::path(path)))?;
+    w.processes(&procfs::processes(args.recording.redact_cmdline));
+    Ok(Some(w))
+}
+
+/// How a live run records: this machine, its signals and analysis options.
+pub fn meta(args: &live::Args, anchor: &WallAnchor, config: &CorrelatorConfig) -> TraceMeta {
+    TraceMeta {
         signals: if args.signals.is_empty() {
             DEFAULT_FATAL_SIGNALS.iter().map(|&s| s as u32).collect()
         } else {
@@ -82,16 +96,7 @@ pub fn start(
                 .unwrap_or_default(),
             nvml::library_version(),
         )
-    };
-    let options = WriterOptions {
-        zstd_level: (!args.recording.uncompressed).then_some(1),
-        ..Default::default()
-    };
-    let existing = Existing::replace_if(args.recording.force);
-    let mut w = writer::create(path, existing, &meta, options)
-        .with_context(|| format!("creating the trace file {}", escape::path(path)))?;
-    w.processes(&procfs::processes(args.recording.redact_cmdline));
-    Ok(Some(w))
+    }
 }
 
 /// Writes the closing record and says what was written.

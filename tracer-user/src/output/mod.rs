@@ -8,9 +8,11 @@
 //! its own user, and only whole, by renaming a new file over it.
 
 mod file;
+mod flight;
 mod incident_log;
 mod state_dir;
 
 pub use file::{Existing, OutputError, OutputFile};
+pub use flight::{FlightOptions, FlightRecorder, Snapshot};
 pub use incident_log::{IncidentLog, FILE_NAME as INCIDENT_LOG};
 pub use state_dir::{check_state_dir, StateDirError};

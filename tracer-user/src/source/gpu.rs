@@ -233,6 +233,12 @@ impl GpuSources {
         })
     }
 
+    /// A reader of the processes holding GPU files now, as at start (for checkpoints).
+    pub fn snapshotter(&self) -> Box<dyn Fn() -> Vec<EventData>> {
+        let (devices, how) = (self.devices.clone(), self.how.clone());
+        Box::new(move || procfs::snapshot(&devices, &how))
+    }
+
     /// The switch the analysis sets while GPU memory is awaited.
     pub fn awaited(&self) -> Arc<Pace> {
         Arc::clone(&self.awaited)

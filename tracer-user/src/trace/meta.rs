@@ -43,6 +43,10 @@ pub struct TraceMeta {
     pub analysis: AnalysisDefaults,
     /// Process command lines were reduced to their first word.
     pub redacted_cmdlines: bool,
+    /// The first this many events are a checkpoint of the state at `start_boot_ns` (a flight
+    /// recorder segment: GPU holders from /proc, the latest NVML reading, the collector's
+    /// start-up facts), not things that happened then.
+    pub checkpoint_events: u64,
 }
 
 /// The END record: written when the recorder closes the file.
