@@ -20,7 +20,7 @@ use prometheus_client::{
 use super::lingering::{Lingering, Memory};
 use crate::{
     analysis::{gpu_errors, Incident, Output as Record},
-    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu},
+    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,6 +117,8 @@ pub struct Metrics {
     unattributed: Family<GpuLabels, Gauge>,
     collateral: Family<GpuIndexLabel, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
+    /// Xids come from the driver's tracepoint: their kernel-log lines are not new errors.
+    xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
     nvml_errors: Counter,
     lingering: Lingering,
@@ -234,6 +236,7 @@ impl Metrics {
             unattributed,
             collateral,
             gpu_errors,
+            xid_tracepoint: false,
             lost,
             nvml_errors,
             lingering: Lingering::default(),
@@ -270,6 +273,12 @@ impl Metrics {
                 group_dead: true, ..
             } => self.recent_deaths.push_back((e.ts_ns, e.pid)),
             EventData::Tick => self.forget_deaths_before(e.ts_ns),
+            EventData::Strategy(st) => self.xid_tracepoint = st.xid_tracepoint,
+            // The driver's log line repeats what its tracepoint reported.
+            EventData::GpuXid {
+                source: XidSource::Kmsg,
+                ..
+            } if self.xid_tracepoint => {}
             EventData::GpuXid { xid, pci, .. } => {
                 let gpu = gpu_errors::device(self.gpus.values(), pci);
                 self.gpu_errors
@@ -487,5 +496,54 @@ mod tests {
         );
         m.on_reading(RECENT_DEATH_NS + 2_000, &reading(7));
         assert_eq!(unattributed(&m), 1 << 30, "nobody explains it any more");
+    }
+
+    #[test]
+    fn every_xid_counts_once_with_the_gpu_nvml_names_at_its_bus() {
+        let gpus = [GpuInfo {
+            index: 3,
+            uuid: "GPU-x".into(),
+            model: "H200".into(),
+            pci_bus_id: "00000000:3B:00.0".into(),
+        }];
+        let build = Build {
+            driver: String::new(),
+            kernel: String::new(),
+            strategy: String::new(),
+        };
+        let mut m = Metrics::new(build, &gpus, "n".into(), WriteErrors::default(), |_| true).0;
+        let xid = |pci: &str, source| {
+            Event::collector(
+                1,
+                EventData::GpuXid {
+                    xid: 31,
+                    pci: pci.into(),
+                    message: String::new(),
+                    truncated: false,
+                    source,
+                },
+            )
+        };
+        let strategy = crate::event::Strategy {
+            xid_tracepoint: true,
+            ..Default::default()
+        };
+        m.on_event(&Event::collector(0, EventData::Strategy(strategy)));
+        for _ in 0..2 {
+            m.on_event(&xid("0000:3b:00.0", XidSource::Tracepoint));
+            // Its log line.
+            m.on_event(&xid("0000:3b:00", XidSource::Kmsg));
+        }
+        m.on_event(&xid("0000:99:00.0", XidSource::Tracepoint));
+        let count = |gpu: &str, uuid: &str| {
+            let labels = XidLabels {
+                gpu: gpu.into(),
+                UUID: uuid.into(),
+                xid: "31".into(),
+            };
+            m.gpu_errors.get(&labels).map_or(0, |c| c.get())
+        };
+        assert_eq!(count("3", "GPU-x"), 2);
+        assert_eq!(count("", ""), 1, "a device NVML does not list");
     }
 }
