@@ -32,12 +32,15 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Boot Debian's stock kernel under qemu and test the fentry and kprobe driver hooks there
-    /// (part of `test`).
+    /// Boot Debian's stock kernels (5.10, 6.1, 6.12) under qemu and test the hooks and the
+    /// driver hooks there (part of `test`).
     Vm {
-        /// Check this saved console log (target/vm/console.log) instead of booting.
+        /// Check this saved console log (target/vm/KERNEL/console.log) instead of booting.
         #[arg(long, value_name = "FILE")]
         console: Option<std::path::PathBuf>,
+        /// Only this kernel of the matrix: 5.10, 6.1 or 6.12.
+        #[arg(long, value_name = "VERSION")]
+        kernel: Option<String>,
     },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
@@ -49,10 +52,10 @@ fn main() -> anyhow::Result<()> {
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Test { args } => test::run(&args),
-        Command::Vm { console } => {
+        Command::Vm { console, kernel } => {
             let (passed, failed) = match console {
                 Some(path) => vm::check_saved(&path)?,
-                None => vm::run()?,
+                None => vm::run(kernel.as_deref())?,
             };
             eprintln!("xtask vm: {passed} passed, {failed} failed");
             if failed > 0 {

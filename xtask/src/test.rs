@@ -36,7 +36,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // The VM runs even when a cargo test failed: both results are wanted. A VM that could
     // not boot counts as one failed test.
-    let vm = match vm::run().context("the VM test (cargo xtask vm) failed") {
+    let vm = match vm::run(None).context("the VM test (cargo xtask vm) failed") {
         Ok(counts) => counts,
         Err(e) => {
             eprintln!("xtask test: {e:#}");

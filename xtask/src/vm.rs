@@ -1,12 +1,14 @@
-//! `cargo xtask vm`: the driver-hooks strategies tested on a stock kernel. This machine's kernel
-//! refuses fentry and has no kprobes, so Debian's 6.1 kernel boots under qemu (TCG; KVM hangs
-//! here) with a busybox initramfs holding the release `linger` and a stand-in NVIDIA driver
-//! module; `init.sh` runs doctor, one kill scenario per forced strategy and one with the default
-//! strategy (the driver's hooks instead of system call tracepoints), and prints the results on
-//! the serial console, checked here.
+//! `cargo xtask vm`: the driver-hooks strategies tested on stock kernels. This machine's kernel
+//! refuses fentry and has no kprobes, so Debian's 5.10, 6.1 and 6.12 kernels (kernels.rs) boot
+//! under qemu in turn (TCG; KVM hangs here), each with a busybox initramfs holding the release
+//! `linger` and a stand-in NVIDIA driver module built against that kernel's headers; `init.sh`
+//! runs doctor, one kill scenario per forced strategy and one with the default strategy (the
+//! driver's hooks instead of system call tracepoints), and prints the results on the serial
+//! console, checked here.
 
 mod checks;
 mod image;
+mod kernels;
 mod standin;
 
 use std::{
@@ -29,6 +31,8 @@ const PACKAGES: &[&str] = &[
     "linux-image-amd64",
     "busybox-static",
     "cpio",
+    // pahole: modules of newer kernels carry BTF.
+    "dwarves",
 ];
 
 /// The guest's whole run (boot, doctor, two scenarios) takes about 30 s under TCG on two busy
@@ -38,8 +42,10 @@ const GUEST_LIMIT: Duration = Duration::from_secs(600);
 /// What marks the guest's result lines on the console.
 const MARK: &str = "LINGER-VM ";
 
-/// Boots the VM and runs its checks: (passed, failed).
-pub fn run() -> Result<(u64, u64)> {
+/// Boots each kernel of the matrix (or the one `only` names) and runs its checks: (passed,
+/// failed) over all of them. A kernel that cannot be fetched, or have its module built, counts
+/// as one failed check.
+pub fn run(only: Option<&str>) -> Result<(u64, u64)> {
     if env::consts::ARCH != "x86_64" {
         eprintln!(
             "xtask vm: SKIPPED: the test VM boots Debian's amd64 kernel with \
@@ -48,20 +54,56 @@ pub fn run() -> Result<(u64, u64)> {
         );
         return Ok((0, 0));
     }
+    let specs: Vec<&kernels::Spec> = kernels::MATRIX
+        .iter()
+        .filter(|k| match only {
+            Some(name) => name == k.name,
+            None => {
+                if let Some(why) = k.left_out {
+                    eprintln!("xtask vm: kernel {} left out: {why}", k.name);
+                }
+                k.left_out.is_none()
+            }
+        })
+        .collect();
+    if specs.is_empty() {
+        let names: Vec<&str> = kernels::MATRIX.iter().map(|k| k.name).collect();
+        bail!("no kernel {only:?} in the matrix ({})", names.join(", "));
+    }
     ensure_packages()?;
-    let kernel = stock_kernel()?;
-    let linger = build::linger()?;
-    let gpu_process = build::test_bin("linger-vm-gpu")?;
-    let dir = build::workspace_root().join("target/vm");
+    let programs = [build::linger()?, build::test_bin("linger-vm-gpu")?];
+    let root = build::workspace_root().join("target/vm");
+    let mut results = Vec::new();
+    for spec in specs {
+        let result = one_kernel(&root, spec, &programs).unwrap_or_else(|e| {
+            eprintln!("xtask vm: {}: FAILED: {e:#}", spec.name);
+            (0, 1)
+        });
+        results.push((spec.name, result));
+    }
+    let mut total = (0, 0);
+    for (name, (passed, failed)) in results {
+        eprintln!("xtask vm: kernel {name}: {passed} passed, {failed} failed");
+        total.0 += passed;
+        total.1 += failed;
+    }
+    Ok(total)
+}
+
+fn one_kernel(root: &Path, spec: &kernels::Spec, programs: &[PathBuf]) -> Result<(u64, u64)> {
+    let kernel = kernels::resolve(root, spec)?;
+    let dir = root.join(spec.name);
+    fs::create_dir_all(&dir)?;
     let module = standin::build(&dir, &kernel)?;
-    let initramfs = image::build(&dir, &[linger, gpu_process], &module)?;
+    let initramfs = image::build(&dir, programs, &module)?;
     let started = Instant::now();
     eprintln!("xtask vm: booting {} under qemu (TCG)", kernel.release);
-    let console = boot(&kernel.vmlinuz, &initramfs, &dir.join("console.log"))?;
+    let log = dir.join("console.log");
+    let console = boot(&kernel.vmlinuz, &initramfs, &log)?;
     eprintln!(
         "xtask vm: guest ran {:.0} s (console: {})",
         started.elapsed().as_secs_f64(),
-        dir.join("console.log").display()
+        log.display()
     );
     checks::run(&console)
 }
@@ -77,6 +119,8 @@ pub struct Kernel {
     pub vmlinuz: PathBuf,
     /// `uname -r` of it, e.g. 6.1.0-57-amd64.
     pub release: String,
+    /// Its headers' directory, for building modules.
+    pub headers: PathBuf,
 }
 
 /// The newest Debian stock kernel in /boot.
@@ -93,7 +137,15 @@ fn stock_kernel() -> Result<Kernel> {
                     .filter_map(|n| n.parse().ok())
                     .collect();
                 let vmlinuz = e.path();
-                (version, Kernel { vmlinuz, release })
+                let headers = PathBuf::new();
+                (
+                    version,
+                    Kernel {
+                        vmlinuz,
+                        release,
+                        headers,
+                    },
+                )
             })
         })
         .collect();
@@ -106,7 +158,7 @@ fn stock_kernel() -> Result<Kernel> {
 
 fn ensure_packages() -> Result<()> {
     if stock_kernel().is_ok()
-        && ["qemu-system-x86_64", "busybox", "cpio"]
+        && ["qemu-system-x86_64", "busybox", "cpio", "pahole"]
             .iter()
             .all(|p| setup::which(p).is_some())
     {

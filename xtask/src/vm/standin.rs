@@ -10,13 +10,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{install, Kernel};
+use super::Kernel;
 
 pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
-    let headers = PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release));
-    if !headers.join("Makefile").exists() {
-        install(&[&format!("linux-headers-{}", kernel.release)])?;
-    }
+    let headers = &kernel.headers;
     let src = dir.join("standin");
     fs::create_dir_all(&src)?;
     fs::write(src.join("nvidia.c"), include_str!("standin/nvidia.c"))?;
@@ -29,6 +26,9 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
         .arg("-C")
         .arg(&headers)
         .arg(format!("M={}", src.display()))
+        // Debian's headers name the compiler the kernel was built with (gcc-10 for 5.10):
+        // this machine's gcc builds modules for each of them.
+        .arg("CC=gcc")
         .arg("modules")
         .output()
         .context("running make for the stand-in module (needs make and gcc)")?;

@@ -1,0 +1,261 @@
+//! The kernel matrix: Debian's stock kernels the VM boots, each with the headers the stand-in
+//! module is built against. 6.1 is this machine's own Debian 12 kernel (installed from the
+//! system's archive); 5.10 (Debian 11) and 6.12 are fetched with an apt sources list of the VM
+//! test's own, passed with `-o Dir::Etc::sourcelist=...` so the system's lists never change,
+//! and unpacked under `target/vm/kernels/`, where the downloads stay cached.
+//!
+//! 6.12 is the one Debian 12 ships in bookworm-backports: the same kernel series as Debian 13's,
+//! built with Debian 12's compiler and C library. Debian 13's own package cannot have a module
+//! built here: its build flags need gcc 14 (this machine has gcc 12) and its kbuild tools
+//! (modpost, objtool) glibc 2.38 (this machine has 2.36).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::Kernel;
+
+/// Where a kernel of the matrix comes from.
+pub enum Source {
+    /// The newest `linux-image-*-amd64` installed in /boot, with its headers from the system.
+    System,
+    /// The newest package of `suite` whose name matches `image` (a prefix before the ABI
+    /// number and a suffix after it).
+    Debian {
+        suite: &'static str,
+        prefix: &'static str,
+        suffix: &'static str,
+    },
+}
+
+pub struct Spec {
+    /// What `--kernel` names it by: the kernel series.
+    pub name: &'static str,
+    pub source: Source,
+    /// Why `cargo xtask test` leaves it out (`--kernel` still boots it), if it does.
+    pub left_out: Option<&'static str>,
+}
+
+pub const MATRIX: [Spec; 3] = [
+    Spec {
+        name: "5.10",
+        source: Source::Debian {
+            suite: "bullseye",
+            prefix: "linux-image-5.10.0-",
+            suffix: "-amd64",
+        },
+        left_out: Some(
+            "5.10's verifier refuses global BPF subprograms with pointer arguments \
+             (\"arg#0 type is not a struct\"): the memset/memcpy the compiler emits make \
+             fcntl_exit and teardown_switch fail to load there",
+        ),
+    },
+    Spec {
+        name: "6.1",
+        source: Source::System,
+        left_out: None,
+    },
+    Spec {
+        name: "6.12",
+        source: Source::Debian {
+            suite: "bookworm-backports",
+            prefix: "linux-image-6.12.",
+            suffix: "+deb12-amd64",
+        },
+        left_out: None,
+    },
+];
+
+const SOURCES: &str = "\
+deb http://deb.debian.org/debian bullseye main
+deb http://deb.debian.org/debian-security bullseye-security main
+deb http://deb.debian.org/debian bookworm-backports main
+";
+
+/// The kernel of `spec`, fetched into `dir` when it is not there yet.
+pub fn resolve(dir: &Path, spec: &Spec) -> Result<Kernel> {
+    match &spec.source {
+        Source::System => {
+            let mut k = super::stock_kernel()?;
+            k.headers = PathBuf::from(format!("/usr/src/linux-headers-{}", k.release));
+            if !k.headers.join("Makefile").exists() {
+                super::install(&[&format!("linux-headers-{}", k.release)])?;
+            }
+            Ok(k)
+        }
+        Source::Debian {
+            suite,
+            prefix,
+            suffix,
+        } => fetch(&dir.join("kernels"), suite, prefix, suffix),
+    }
+}
+
+fn fetch(dir: &Path, suite: &str, prefix: &str, suffix: &str) -> Result<Kernel> {
+    let apt = Apt::new(&dir.join("apt"))?;
+    let image = apt.newest(suite, prefix, suffix)?;
+    let release = image
+        .strip_prefix("linux-image-")
+        .context("image package name")?
+        .to_string();
+    let root = dir.join(&release);
+    let vmlinuz = root.join(format!("boot/vmlinuz-{release}"));
+    let headers = root.join(format!("usr/src/linux-headers-{release}"));
+    if !vmlinuz.exists() || !headers.join("Makefile").exists() {
+        let headers_pkg = format!("linux-headers-{release}");
+        let mut packages = vec![image.clone(), headers_pkg.clone()];
+        packages.extend(apt.kernel_dependencies(&headers_pkg)?);
+        let debs = root.with_extension("debs");
+        fs::create_dir_all(&debs)?;
+        apt.download(&debs, &packages)?;
+        fs::create_dir_all(&root)?;
+        for deb in fs::read_dir(&debs)? {
+            let deb = deb?.path();
+            let ok = Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(&deb)
+                .arg(&root)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                bail!("unpacking {}", deb.display());
+            }
+        }
+        relocate(&root, &headers)?;
+    }
+    Ok(Kernel {
+        vmlinuz,
+        release,
+        headers,
+    })
+}
+
+/// The headers' Makefile includes its common half by absolute path: here, it lies under root.
+fn relocate(root: &Path, headers: &Path) -> Result<()> {
+    let makefile = headers.join("Makefile");
+    let text = fs::read_to_string(&makefile)?;
+    let moved = text.replace(
+        "include /usr/src/",
+        &format!("include {}/usr/src/", root.display()),
+    );
+    fs::write(&makefile, moved)?;
+    Ok(())
+}
+
+/// apt-get and apt-cache on the VM test's own sources list and state.
+struct Apt {
+    options: Vec<String>,
+}
+
+impl Apt {
+    fn new(dir: &Path) -> Result<Self> {
+        let lists = dir.join("lists");
+        let cache = dir.join("cache");
+        fs::create_dir_all(lists.join("partial"))?;
+        fs::create_dir_all(cache.join("archives/partial"))?;
+        let sources = dir.join("sources.list");
+        fs::write(&sources, SOURCES)?;
+        let options = [
+            format!("Dir::Etc::sourcelist={}", sources.display()),
+            "Dir::Etc::sourceparts=/dev/null".into(),
+            format!("Dir::State::Lists={}", lists.display()),
+            format!("Dir::Cache={}", cache.display()),
+        ]
+        .into_iter()
+        .flat_map(|o| ["-o".to_string(), o])
+        .collect();
+        let apt = Self { options };
+        // Fresh lists once per run: the archive drops superseded kernels.
+        apt.run("apt-get", &["update", "-qq"])?;
+        Ok(apt)
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new(tool)
+            .args(&self.options)
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .with_context(|| format!("running {tool}"))?;
+        if !out.status.success() {
+            bail!(
+                "{tool} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The highest-versioned package of `suite` named `prefix<version>suffix`, the version
+    /// digits and dots only.
+    fn newest(&self, suite: &str, prefix: &str, suffix: &str) -> Result<String> {
+        let pattern = format!("^{}.*{}$", regex_escape(prefix), regex_escape(suffix));
+        let found = self.run("apt-cache", &["search", "--names-only", &pattern])?;
+        let mut names: Vec<(Vec<u64>, String)> = found
+            .lines()
+            .filter_map(|l| l.split(' ').next())
+            .filter_map(|n| {
+                let middle = n.strip_prefix(prefix)?.strip_suffix(suffix)?;
+                // Only the version between them: not the -rt- or -cloud- flavours.
+                if middle.is_empty() || !middle.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                    return None;
+                }
+                let version = middle.split('.').filter_map(|p| p.parse().ok()).collect();
+                Some((version, n.to_string()))
+            })
+            .collect();
+        names.sort();
+        names
+            .pop()
+            .map(|(_, n)| n)
+            .with_context(|| format!("no {prefix}*{suffix} in Debian's {suite}"))
+    }
+
+    /// The headers package's own kernel packages: its common half and kbuild.
+    fn kernel_dependencies(&self, headers: &str) -> Result<Vec<String>> {
+        let show = self.run("apt-cache", &["show", headers])?;
+        let depends = show
+            .lines()
+            .find_map(|l| l.strip_prefix("Depends: "))
+            .with_context(|| format!("{headers} without dependencies"))?;
+        Ok(depends
+            .split(',')
+            .filter_map(|d| d.split_whitespace().next())
+            .filter(|d| d.starts_with("linux-headers-") || d.starts_with("linux-kbuild-"))
+            .map(String::from)
+            .collect())
+    }
+
+    fn download(&self, into: &Path, packages: &[String]) -> Result<()> {
+        let mut args = vec!["download"];
+        args.extend(packages.iter().map(String::as_str));
+        let out = Command::new("apt-get")
+            .args(&self.options)
+            .args(&args)
+            .current_dir(into)
+            .output()
+            .context("running apt-get download")?;
+        if !out.status.success() {
+            bail!(
+                "apt-get download {}: {}",
+                packages.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = ".+*?()[]{}|^$\\".contains(c);
+            special.then_some('\\').into_iter().chain([c])
+        })
+        .collect()
+}
