@@ -24,7 +24,7 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
     )?;
     let out = Command::new("make")
         .arg("-C")
-        .arg(&headers)
+        .arg(headers)
         .arg(format!("M={}", src.display()))
         // Debian's headers name the compiler the kernel was built with (gcc-10 for 5.10):
         // this machine's gcc builds modules for each of them.
