@@ -234,7 +234,7 @@ impl GpuSources {
     }
 
     /// A reader of the processes holding GPU files now, as at start (for checkpoints).
-    pub fn snapshotter(&self) -> Box<dyn Fn() -> Vec<EventData>> {
+    pub fn snapshotter(&self) -> crate::output::Snapshot {
         let (devices, how) = (self.devices.clone(), self.how.clone());
         Box::new(move || procfs::snapshot(&devices, &how))
     }

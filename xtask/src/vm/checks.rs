@@ -190,7 +190,7 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
         .find(|f| f["function"] == "uvm_release_entry")
         .and_then(|f| f["ns"].as_u64());
     match (start, end, uvm) {
-        (Some(s), Some(e), Some(u)) if e > s && u >= 200_000_000 && u <= e - s => {}
+        (Some(s), Some(e), Some(u)) if e > s && u >= driver::SLEPT_NS && u <= e - s => {}
         _ => bail!("{mode}: the incident's hooked release is wrong: {release}"),
     }
     if incident["phases"][0]["name"] != "uvm_teardown" {
