@@ -410,14 +410,24 @@ fn a_full_disk_is_counted_and_the_agent_carries_on() {
         (n >= 1.0).then_some(n)
     });
     assert!(errors >= 1.0);
-    // Still serving, still counting incidents.
+    // Still serving, and every incident counted: the first failed write can come before
+    // the later incidents are reported, so their count is awaited too.
+    let counted = |body: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with("linger_incidents_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    eventually(
+        "the four incidents counted",
+        Duration::from_secs(15),
+        || {
+            let (_, body) = get(port, "/metrics").ok()?;
+            (counted(&body) >= 4.0).then_some(())
+        },
+    );
     let (_, body) = get(port, "/metrics").expect("metrics");
-    let counted: f64 = body
-        .lines()
-        .filter(|l| l.starts_with("linger_incidents_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(counted, 4.0, "{body}");
+    assert_eq!(counted(&body), 4.0, "{body}");
 }
 
 #[test]
