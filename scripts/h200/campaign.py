@@ -17,7 +17,7 @@ line per run, written as it ends).
 import json, os, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite"))
-from run import HERE, IDLE_SLACK, Victim, kill, reap, settle  # noqa: E402
+from run import HERE, IDLE_SLACK, Victim, kill, oom_cgroup, reap, settle  # noqa: E402
 from truth import Poll, boot_ns  # noqa: E402
 
 GIB = 1 << 30
@@ -86,13 +86,7 @@ def crash(poll, idle, gib, i):
 
 def oom(poll, idle, gib, i):
     v = Victim("--gib", str(gib), "--hog-on-usr1")
-    cg = "/sys/fs/cgroup/linger-campaign-oom"
-    os.makedirs(cg, exist_ok=True)
-    rss = int(open(f"/proc/{v.pid}/statm").read().split()[1]) * 4096
-    open(f"{cg}/memory.max", "w").write(str(rss + (1 << 30)))
-    if os.path.exists(f"{cg}/memory.swap.max"):
-        open(f"{cg}/memory.swap.max", "w").write("0")
-    open(f"{cg}/cgroup.procs", "w").write(str(v.pid))
+    cg = oom_cgroup(v.pid, "linger-campaign-oom")
     time.sleep(0.2)
     t = kill(v.pid, signal.SIGUSR1)
     t_reaped = reap(v.pid)

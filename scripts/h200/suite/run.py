@@ -237,17 +237,22 @@ def crash(poll, idle):
             "expect": {"verdict": "released", "mode": "fault"}}
 
 
-def oom(poll, idle):
-    # The victim's own cgroup gets a memory limit a little above what it uses; then it takes
-    # host memory until the kernel's OOM killer (scoped to that cgroup) kills it.
-    v = Victim("--gib", "2", "--hog-on-usr1")
-    cg = "/sys/fs/cgroup/linger-oom"
+def oom_cgroup(pid, name):
+    """A cgroup of pid's own with a memory limit 1 GiB above what it uses and no swap: host
+    memory it then takes is cut short by the kernel's OOM killer, scoped to that cgroup."""
+    cg = f"/sys/fs/cgroup/{name}"
     os.makedirs(cg, exist_ok=True)
-    rss = int(open(f"/proc/{v.pid}/statm").read().split()[1]) * 4096
+    rss = int(open(f"/proc/{pid}/statm").read().split()[1]) * 4096
     open(f"{cg}/memory.max", "w").write(str(rss + (1 << 30)))
     if os.path.exists(f"{cg}/memory.swap.max"):
         open(f"{cg}/memory.swap.max", "w").write("0")
-    open(f"{cg}/cgroup.procs", "w").write(str(v.pid))
+    open(f"{cg}/cgroup.procs", "w").write(str(pid))
+    return cg
+
+
+def oom(poll, idle):
+    v = Victim("--gib", "2", "--hog-on-usr1")
+    cg = oom_cgroup(v.pid, "linger-oom")
     time.sleep(0.3)
     t_hog = kill(v.pid, signal.SIGUSR1)
     t_reaped = reap(v.pid)
