@@ -28,6 +28,17 @@ pub struct KernelOffsets {
     pub inode_rdev: u32,
     /// `file.private_data`: the NVIDIA driver keeps its per-open state there.
     pub file_private_data: u32,
+    /// `task_struct.stack`, the base of the task's kernel stack.
+    pub task_stack: u32,
+    /// Where the saved user registers sit above `task_struct.stack` (THREAD_SIZE minus
+    /// sizeof(struct pt_regs)), for kernels without `bpf_task_pt_regs` (before 5.15); 0 where
+    /// that helper is used instead.
+    pub stack_regs: u32,
+    /// `task_struct.__state` (5.14+) or `state`: the state a task switches out in, for kernels
+    /// whose `sched_switch` does not pass `prev_state` (before 5.18).
+    pub task_state: u32,
+    /// 1 when `sched_switch` passes `prev_state` as its fourth argument.
+    pub switch_prev_state: u32,
 }
 
 #[cfg(feature = "user")]

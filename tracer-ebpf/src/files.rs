@@ -2,7 +2,6 @@
 //! what each dying process still held.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_task,
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -56,14 +55,9 @@ pub fn add_holder(tgid: u32) {
     }
 }
 
-pub fn current() -> Task {
-    // SAFETY: the running task is valid for the program's run.
-    Task(unsafe { bpf_get_current_task() } as *const u8)
-}
-
 /// The GPU file at `fd` of the current process: (file, dev).
 pub fn gpu_file_at(fd: u32) -> Option<(FdTable, u64, u32)> {
-    let fdt = current().fdtable()?;
+    let fdt = Task::current().fdtable()?;
     let file = fdt.file(fd);
     if file == 0 {
         return None;

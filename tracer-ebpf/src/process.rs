@@ -1,7 +1,6 @@
 //! Process life cycle: fork, exec, every thread's exit, and the reap.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_comm,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -139,6 +138,6 @@ fn reaped(pid: u32, how: ReapHow) {
     emit_waking::<Reap>(urgent(pid), |e| {
         e.reaped_pid = pid;
         e.how = how as u32;
-        e.comm = bpf_get_current_comm().unwrap_or_default();
+        e.comm = Task::current().comm();
     });
 }

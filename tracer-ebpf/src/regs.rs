@@ -4,6 +4,8 @@
 
 use aya_ebpf::helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs};
 
+use crate::task::{stack_regs, Task};
+
 /// x86_64 `struct pt_regs` (a fixed ABI): the first three system call arguments.
 const DI: usize = 112;
 const SI: usize = 104;
@@ -15,7 +17,18 @@ pub fn syscall_args() -> Option<[u64; 3]> {
     // SAFETY: the helpers return the running task and its saved user registers, valid for
     // this program's run; the reads are checked by bpf_probe_read_kernel.
     unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
+        let above_stack = stack_regs();
+        let regs = if above_stack == 0 {
+            bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8
+        } else {
+            // Before 5.15 (no bpf_task_pt_regs, nor bpf_get_current_task_btf before 5.11):
+            // the registers sit at the top of the task's kernel stack, as task_pt_regs() has it.
+            let stack = Task::current().stack();
+            if stack.is_null() {
+                return None;
+            }
+            stack.add(above_stack as usize)
+        };
         if regs.is_null() {
             return None;
         }

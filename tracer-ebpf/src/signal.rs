@@ -1,7 +1,6 @@
 //! Signal generation and delivery.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_task,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -76,7 +75,7 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
         }
     }
     // SAFETY: bpf_get_current_task returns the running task, valid for this program's run.
-    let sender = Task(unsafe { bpf_get_current_task() } as *const u8);
+    let sender = Task::current();
     let about = if fatal { target_pid } else { sender_pid };
     emit_waking::<SignalGenerate>(urgent(about), |e| {
         e.sig = sig;

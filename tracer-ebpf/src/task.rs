@@ -1,6 +1,6 @@
 //! Reads of `task_struct` and `signal_struct` fields through offsets resolved from BTF.
 
-use aya_ebpf::helpers::bpf_probe_read_kernel;
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use tracer_common::{KernelOffsets, COMM_LEN};
 
 #[unsafe(no_mangle)]
@@ -23,6 +23,10 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     file_refcount_bias: 0,
     inode_rdev: 0,
     file_private_data: 0,
+    task_stack: 0,
+    stack_regs: 0,
+    task_state: 0,
+    switch_prev_state: 0,
 };
 
 #[inline(always)]
@@ -30,6 +34,23 @@ pub fn offsets() -> KernelOffsets {
     // SAFETY: a read-only global that user space fills before load; volatile keeps the
     // compiler from folding the zero initial values.
     unsafe { core::ptr::read_volatile(&OFFSETS) }
+}
+
+/// Where the saved user registers sit above the kernel stack; 0 where `bpf_task_pt_regs`
+/// exists. Read alone (not with the whole table) so that the verifier sees a constant and never
+/// checks the code for the other kind of kernel, which it might reject.
+#[inline(always)]
+pub fn stack_regs() -> u32 {
+    // SAFETY: as in `offsets`.
+    unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.stack_regs)) }
+}
+
+/// Whether `sched_switch` passes `prev_state`; read alone, as `stack_regs`: older verifiers
+/// refuse a read of an argument the tracepoint does not have.
+#[inline(always)]
+pub fn switch_passes_prev_state() -> bool {
+    // SAFETY: as in `offsets`.
+    unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.switch_prev_state)) != 0 }
 }
 
 #[inline(always)]
@@ -42,6 +63,11 @@ pub fn read<T: Copy + Default>(base: *const u8, off: u32) -> T {
 pub struct Task(pub *const u8);
 
 impl Task {
+    /// The running task.
+    pub fn current() -> Task {
+        // SAFETY: the running task is valid for the program's run.
+        Task(unsafe { bpf_get_current_task() } as *const u8)
+    }
     pub fn tgid(self) -> u32 {
         read::<i32>(self.0, offsets().task_tgid) as u32
     }
@@ -52,7 +78,21 @@ impl Task {
         read::<i32>(self.0, offsets().task_exit_code) as u32
     }
     pub fn comm(self) -> [u8; COMM_LEN] {
+        self.comm_word().to_ne_bytes()
+    }
+    /// `comm` as one word: a failed read's zero is then two stores, where a byte array's
+    /// would be a call to `memset` (a global subprogram, which verifiers before 5.12 refuse
+    /// to take a stack pointer).
+    pub fn comm_word(self) -> u128 {
         read(self.0, offsets().task_comm)
+    }
+    /// The state the task is in (`__state` or `state`; the low 32 bits suffice).
+    pub fn state(self) -> u32 {
+        read::<u32>(self.0, offsets().task_state)
+    }
+    /// The base of the task's kernel stack.
+    pub fn stack(self) -> *const u8 {
+        read::<u64>(self.0, offsets().task_stack) as *const u8
     }
     pub fn group_leader(self) -> Task {
         Task(read::<u64>(self.0, offsets().task_group_leader) as *const u8)

@@ -12,7 +12,7 @@ use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
 use crate::{
     emit::{count_loss, current_ids, emit, now_ns},
     search::walk_if_wanted,
-    task::Task,
+    task::{switch_passes_prev_state, Task},
 };
 
 /// Dying GPU processes (from the fatal signal until freed) → when they started dying.
@@ -126,7 +126,14 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
     if !anyone_dying() {
         return 0;
     }
-    let prev_state: u32 = ctx.arg(3);
+    let prev_state: u32 = if switch_passes_prev_state() {
+        ctx.arg(3)
+    } else if ctx.arg::<u8>(0) != 0 {
+        // Preempted: still runnable, as the tracepoint itself reports it before 5.18.
+        0
+    } else {
+        Task(ctx.arg::<*const u8>(1)).state()
+    };
     let (tgid, tid) = current_ids();
     // Going to sleep (not merely preempted, nor dead for good): remember where.
     if prev_state != 0 && prev_state & TASK_DEAD == 0 {
@@ -177,8 +184,8 @@ pub fn teardown_wakeup(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let woken = Task(ctx.arg::<*const u8>(0));
-    let comm = woken.comm();
-    let driver_kthread = comm.starts_with(b"nv_queue") || comm.starts_with(b"UVM ");
+    let comm = woken.comm_word();
+    let driver_kthread = has_prefix(comm, b"nv_queue") || has_prefix(comm, b"UVM ");
     if !driver_kthread || woken.tgid() == tgid {
         return 0;
     }
@@ -189,7 +196,22 @@ pub fn teardown_wakeup(ctx: BtfTracePointContext) -> i32 {
     emit::<KthreadWakeup>(|e| {
         e.kthread_tid = kthread_tid;
         e.owner = owner;
-        e.comm = comm;
+        e.comm = comm.to_ne_bytes();
     });
     0
+}
+
+/// Whether a `comm` read as one word starts with `prefix`: a masked compare, where a byte
+/// slice's would call `memcmp` (see `Task::comm_word`).
+#[inline(always)]
+fn has_prefix(comm: u128, prefix: &[u8]) -> bool {
+    let mut want = [0u8; 16];
+    let mut mask = [0u8; 16];
+    let mut i = 0;
+    while i < prefix.len() && i < 16 {
+        want[i] = prefix[i];
+        mask[i] = 0xff;
+        i += 1;
+    }
+    comm & u128::from_ne_bytes(mask) == u128::from_ne_bytes(want)
 }

@@ -56,15 +56,7 @@ pub fn run(only: Option<&str>) -> Result<(u64, u64)> {
     }
     let specs: Vec<&kernels::Spec> = kernels::MATRIX
         .iter()
-        .filter(|k| match only {
-            Some(name) => name == k.name,
-            None => {
-                if let Some(why) = k.left_out {
-                    eprintln!("xtask vm: kernel {} left out: {why}", k.name);
-                }
-                k.left_out.is_none()
-            }
-        })
+        .filter(|k| only.is_none_or(|name| name == k.name))
         .collect();
     if specs.is_empty() {
         let names: Vec<&str> = kernels::MATRIX.iter().map(|k| k.name).collect();

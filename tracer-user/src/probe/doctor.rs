@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     attach::{attach, chain, AttachError, Hook},
+    offsets::{self, Layout},
     questions::{self, Question},
     strategy, tracefs, EBPF_OBJECT,
 };
@@ -36,6 +37,8 @@ pub struct Report {
     pub driver_hooks: Strategy,
     /// Each question linger asks, with the hook that answers it here and what it costs.
     pub questions: Vec<Question>,
+    /// The layouts and tracepoint prototypes that differ between kernels, as BTF has them here.
+    pub kernel_layout: Vec<Layout>,
 }
 
 pub fn run() -> Report {
@@ -109,6 +112,14 @@ pub fn run() -> Report {
         strategy: strategy::describe(&driver_hooks),
         questions: questions::table(&driver_hooks),
         driver_hooks,
+        kernel_layout: offsets::load_vmlinux()
+            .and_then(|btf| offsets::layouts(&btf))
+            .unwrap_or_else(|e| {
+                vec![Layout {
+                    name: "btf",
+                    detail: format!("{e}: linger cannot run here"),
+                }]
+            }),
     }
 }
 
@@ -213,6 +224,14 @@ pub fn render(report: &Report) -> String {
     for reason in &report.driver_hooks.reasons {
         s.push_str(&format!("{:<16}- {}\n", "", escape::terminal(reason)));
     }
+    for l in &report.kernel_layout {
+        s.push_str(&format!(
+            "{:<16}{:<5}{}\n",
+            "layout",
+            "",
+            escape::terminal(&format!("{}: {}", l.name, l.detail))
+        ));
+    }
     if !report.questions.is_empty() {
         s.push_str("\nwhat linger asks, and which hook answers it here:\n");
     }
@@ -246,6 +265,7 @@ mod tests {
                 ..Default::default()
             },
             questions: Vec::new(),
+            kernel_layout: Vec::new(),
         };
         let text = render(&report);
         assert!(

@@ -85,7 +85,14 @@ pub fn section(
          default +{:.1} ns. linger's programs run for none of these calls: what they cost is \
          the kernel's tracepoint calls, one per system call exit in the default mode (an entry \
          hook would be a second) and none with `--lean`. The ping-pong part is dominated by \
-         the two context switches and their noise.\n\nCommand:\n\n```sh\n{}\n```",
+         the two context switches and their noise.\n\nOn stock kernels (kprobes or fentry \
+         allowed: Debian's 5.10, 6.1 and 6.12 in `cargo xtask vm`) the default mode attaches \
+         no system call tracepoint at all, as `--lean` here: the strategy record lists every \
+         hook attached and the VM test checks that none is a system call's, so a process that \
+         never touches a GPU runs no linger code on any system call there. No timing is given \
+         for it: the VM runs under qemu's TCG (KVM hangs at boot on these machines), which \
+         emulates every instruction, tens of times slower, so its ratios say nothing of real \
+         hardware.\n\nCommand:\n\n```sh\n{}\n```",
         getppid.0, getppid.1, tax.command
     );
     targets.push(Target {

@@ -121,7 +121,50 @@ fn doctor(guest: &Guest) -> Result<()> {
     if report["driver_hooks"]["by_driver"] != true || !by_open {
         bail!("doctor on the stock kernel does not answer through the driver's hooks: {report}");
     }
+    layouts(&report)?;
     eprintln!("xtask vm: doctor: {}", report["strategy"]);
+    Ok(())
+}
+
+/// The layouts and prototypes doctor resolved from BTF are the ones this kernel version has.
+fn layouts(report: &Value) -> Result<()> {
+    let kernel = report["kernel"].as_str().unwrap_or_default();
+    let mut numbers = kernel.split(['.', '-', ' ']).map(|n| n.parse::<u32>());
+    let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
+        bail!("doctor's kernel line has no version: {kernel}");
+    };
+    let version = (major, minor);
+    let detail = |name: &str| -> Result<String> {
+        report["kernel_layout"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["name"] == name)
+            .and_then(|l| l["detail"].as_str())
+            .map(str::to_string)
+            .with_context(|| format!("doctor's kernel_layout has no {name}: {report}"))
+    };
+    let expect = [
+        ("file_refcount", version >= (6, 13), "file.f_ref"),
+        (
+            "sched_process_exit",
+            version >= (6, 16),
+            "(task, group_dead)",
+        ),
+        (
+            "sched_switch",
+            version >= (5, 18),
+            "(preempt, prev, next, prev_state)",
+        ),
+        ("syscall_arguments", version >= (5, 15), "bpf_task_pt_regs"),
+    ];
+    for (name, newer, newer_detail) in expect {
+        let detail = detail(name)?;
+        if detail.starts_with(newer_detail) != newer {
+            bail!("kernel {major}.{minor}: doctor says {name} is {detail:?}");
+        }
+        eprintln!("xtask vm: layout {name}: {detail}");
+    }
     Ok(())
 }
 
