@@ -25,7 +25,8 @@ fn linger() -> String {
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
-        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "lean", "lean2", "xid",
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "lean", "lean2", "lean3",
+        "xid",
     ]
     .iter()
     .map(|p| root.join(p))
@@ -320,6 +321,56 @@ fn a_kill_storm_reports_each_release_and_the_devices_return() {
         let last = *backs.iter().max().expect("victims");
         close(&s.name, "device back", last, ns(&s.truth, "/t_back_ns"));
     }
+}
+
+/// One GPU here: every victim's memory is one part, on GPU0, with the sums' figures, and its
+/// /dev/nvidia0 descriptors (the minor from NVML since pass7; before, a one-GPU machine's).
+#[test]
+fn each_victims_memory_is_one_part_on_gpu0() {
+    const NVIDIA0: u64 = 195 << 20;
+    let mut checked = 0;
+    for (_, all) in suite() {
+        for s in all {
+            for v in s.truth["victims"].as_array().into_iter().flatten() {
+                let inc = s.last(ns(v, "/pid"));
+                let gpu = &inc["gpu"];
+                if gpu["share_bytes"].as_u64().unwrap_or(0) == 0 || gpu["index"].is_null() {
+                    continue;
+                }
+                let parts = gpu["gpus"].as_array().expect("gpus");
+                assert_eq!(parts.len(), 1, "{}: {gpu}", s.name);
+                let p = &parts[0];
+                assert_eq!(p["index"], 0, "{}: {p}", s.name);
+                assert_eq!(p["minor"], 0, "{}: {p}", s.name);
+                for sum in [
+                    "share_bytes",
+                    "bytes_nvml",
+                    "t_memory_back_ns",
+                    "released_bytes",
+                ] {
+                    assert_eq!(p[sum], gpu[sum], "{}: {sum} of {p}", s.name);
+                }
+                let mut on_nvidia0: Vec<u64> = gpu["files"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|f| f["dev"] == NVIDIA0)
+                    .filter_map(|f| f["fd"].as_u64())
+                    .collect();
+                on_nvidia0.dedup();
+                let fds: Vec<u64> = p["fds"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_u64)
+                    .collect();
+                assert!(!fds.is_empty(), "{}: {p}", s.name);
+                assert_eq!(fds, on_nvidia0, "{}: {p}", s.name);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 50, "only {checked} victims with memory");
 }
 
 /// linger stopped with Ctrl-C after every scenario: nothing about itself.

@@ -261,6 +261,10 @@ pub struct GpuInfo {
     pub model: String,
     /// NVML's bus id ("00000000:3B:00.0").
     pub pci_bus_id: String,
+    /// The minor number of its device file (`/dev/nvidiaN`); absent in traces recorded
+    /// before linger read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
 }
 
 /// What the kernel side lost (see `tracer_common::Loss`).

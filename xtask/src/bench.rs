@@ -109,7 +109,7 @@ impl Plan {
             replay_ioctls: 2_000_000,
             replay_kills: 20,
             replay_rounds: 3,
-            tax_calls: 200_000,
+            tax_calls: 2_000_000,
             tax_rounds: 10,
             soak_kills: 100_000,
         }

@@ -16,8 +16,8 @@ pub struct Memory {
 
 struct Open {
     target: u32,
-    /// Labels and bytes while its memory is held; None once it is back.
-    held: Option<(MemoryLabels, u64)>,
+    /// Labels and bytes of each GPU's part still held; empty once all is back.
+    held: Vec<(MemoryLabels, u64)>,
     release_observed: bool,
     collateral_seen: usize,
 }
@@ -39,25 +39,43 @@ pub struct Lingering {
 }
 
 impl Lingering {
-    /// Takes the latest record of an incident, labelled `labels`.
-    pub fn update(&mut self, inc: &Incident, labels: MemoryLabels) -> Change {
+    /// Takes the latest record of an incident; `labels(gpu)` labels its memory on a GPU.
+    pub fn update(
+        &mut self,
+        inc: &Incident,
+        labels: impl Fn(Option<u32>) -> MemoryLabels,
+    ) -> Change {
         let mut change = Change::default();
         let Some(gpu) = &inc.gpu else {
             return change;
         };
         let open = self.open.entry(inc.id).or_insert(Open {
             target: inc.target.pid,
-            held: None,
+            held: Vec::new(),
             release_observed: false,
             collateral_seen: 0,
         });
-        if let Some((old, _)) = open.held.take() {
-            change.touched.push(old);
-        }
+        change
+            .touched
+            .extend(open.held.drain(..).map(|(old, _)| old));
         if gpu.t_memory_back_ns.is_none() && !inc.settled {
-            let bytes = gpu.share_bytes.saturating_sub(gpu.released_bytes);
-            change.touched.push(labels.clone());
-            open.held = Some((labels, bytes));
+            // Per GPU where NVML tells the parts apart, else the sums on the incident's GPU.
+            let parts: Vec<_> = gpu
+                .gpus
+                .iter()
+                .filter(|p| p.index.is_some() && p.share_bytes > 0)
+                .collect();
+            if parts.is_empty() {
+                let bytes = gpu.share_bytes.saturating_sub(gpu.released_bytes);
+                open.held.push((labels(gpu.index), bytes));
+            }
+            for p in parts.iter().filter(|p| p.t_memory_back_ns.is_none()) {
+                let bytes = p.share_bytes.saturating_sub(p.released_bytes);
+                open.held.push((labels(p.index), bytes));
+            }
+            change
+                .touched
+                .extend(open.held.iter().map(|(l, _)| l.clone()));
         }
         if let (false, Some(back)) = (open.release_observed, gpu.t_memory_back_ns) {
             open.release_observed = true;
@@ -78,7 +96,7 @@ impl Lingering {
     pub fn total(&self, labels: &MemoryLabels) -> Option<Memory> {
         self.open
             .values()
-            .filter_map(|o| o.held.as_ref())
+            .flat_map(|o| &o.held)
             .filter(|(l, _)| l == labels)
             .fold(None, |sum, (_, bytes)| {
                 let s: Memory = sum.unwrap_or_default();
@@ -98,7 +116,7 @@ impl Lingering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::incident::{GpuImpact, Target};
+    use crate::analysis::incident::{GpuImpact, GpuPart, Target};
 
     const GIB: u64 = 1 << 30;
 
@@ -131,9 +149,9 @@ mod tests {
     #[test]
     fn held_memory_is_summed_per_label_set_until_it_is_back() {
         let mut l = Lingering::default();
-        let a = l.update(&record(1, 10, None, false), labels("imported"));
+        let a = l.update(&record(1, 10, None, false), |_| labels("imported"));
         assert_eq!(a.touched, vec![labels("imported")]);
-        l.update(&record(2, 11, None, false), labels("imported"));
+        l.update(&record(2, 11, None, false), |_| labels("imported"));
         assert_eq!(
             l.total(&labels("imported")),
             Some(Memory {
@@ -143,17 +161,15 @@ mod tests {
         );
         assert!(l.is_target(10));
         // Back 3.2 s after the signal: observed once, and the series loses that incident.
-        let back = l.update(
-            &record(1, 10, Some(4_200_000_000), false),
-            labels("imported"),
-        );
+        let back = l.update(&record(1, 10, Some(4_200_000_000), false), |_| {
+            labels("imported")
+        });
         assert_eq!(back.released_after_s, Some(3.2));
         assert_eq!(back.touched, vec![labels("imported")]);
         assert_eq!(l.total(&labels("imported")).map(|m| m.incidents), Some(1));
-        let again = l.update(
-            &record(1, 10, Some(4_200_000_000), true),
-            labels("imported"),
-        );
+        let again = l.update(&record(1, 10, Some(4_200_000_000), true), |_| {
+            labels("imported")
+        });
         assert_eq!(again.released_after_s, None, "observed once");
         assert!(!l.is_target(10), "a settled incident is forgotten");
     }
@@ -161,8 +177,8 @@ mod tests {
     #[test]
     fn a_new_verdict_moves_the_memory_to_its_series() {
         let mut l = Lingering::default();
-        l.update(&record(1, 10, None, false), labels("shared_fd"));
-        let moved = l.update(&record(1, 10, None, false), labels("stuck_in_driver"));
+        l.update(&record(1, 10, None, false), |_| labels("shared_fd"));
+        let moved = l.update(&record(1, 10, None, false), |_| labels("stuck_in_driver"));
         assert_eq!(
             moved.touched,
             vec![labels("shared_fd"), labels("stuck_in_driver")]
@@ -172,8 +188,50 @@ mod tests {
             l.total(&labels("stuck_in_driver")).map(|m| m.bytes),
             Some(4 * GIB)
         );
-        l.update(&record(1, 10, None, true), labels("stuck_in_driver"));
+        l.update(&record(1, 10, None, true), |_| labels("stuck_in_driver"));
         assert_eq!(l.total(&labels("stuck_in_driver")), None);
         assert!(l.open.is_empty(), "nothing kept once settled");
+    }
+
+    /// Memory on two GPUs: each GPU's series holds its own part until that part is back.
+    #[test]
+    fn each_gpu_holds_its_own_part() {
+        let on = |gpu: Option<u32>| MemoryLabels {
+            gpu: gpu.map(|g| g.to_string()).unwrap_or_default(),
+            verdict: "slow_teardown".into(),
+            ..Default::default()
+        };
+        let mut inc = record(1, 10, None, false);
+        let part = |index, share, back| GpuPart {
+            index: Some(index),
+            share_bytes: share,
+            t_memory_back_ns: back,
+            ..Default::default()
+        };
+        if let Some(gpu) = &mut inc.gpu {
+            gpu.share_bytes = 6 * GIB;
+            gpu.released_bytes = 2 * GIB;
+            gpu.gpus = vec![
+                part(0, 2 * GIB, Some(1_100_000_000)),
+                part(1, 4 * GIB, None),
+            ];
+            gpu.gpus[0].released_bytes = 2 * GIB;
+        }
+        let c = l_update(&inc, &on);
+        assert_eq!(c.0.touched, vec![on(Some(1))]);
+        assert_eq!(c.1.total(&on(Some(0))), None, "GPU0's part is back");
+        assert_eq!(
+            c.1.total(&on(Some(1))),
+            Some(Memory {
+                bytes: 4 * GIB,
+                incidents: 1
+            })
+        );
+    }
+
+    fn l_update(inc: &Incident, on: &impl Fn(Option<u32>) -> MemoryLabels) -> (Change, Lingering) {
+        let mut l = Lingering::default();
+        let c = l.update(inc, on);
+        (c, l)
     }
 }

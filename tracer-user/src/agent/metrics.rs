@@ -322,8 +322,19 @@ impl Metrics {
                 })
                 .inc();
         }
-        let labels = self.memory_labels(inc);
-        let change = self.lingering.update(inc, labels);
+        let gpus = inc
+            .gpu
+            .iter()
+            .flat_map(|g| std::iter::once(g.index).chain(g.gpus.iter().map(|p| p.index)));
+        let labels: Vec<(Option<u32>, MemoryLabels)> =
+            gpus.map(|i| (i, self.memory_labels(inc, i))).collect();
+        let change = self.lingering.update(inc, |gpu| {
+            labels
+                .iter()
+                .find(|(i, _)| *i == gpu)
+                .map(|(_, l)| l.clone())
+                .unwrap_or_default()
+        });
         if let Some(secs) = change.released_after_s {
             self.release
                 .get_or_create(&TerminationLabels {
@@ -363,8 +374,7 @@ impl Metrics {
         }
     }
 
-    fn memory_labels(&self, inc: &Incident) -> MemoryLabels {
-        let index = inc.gpu.as_ref().and_then(|g| g.index);
+    fn memory_labels(&self, inc: &Incident, index: Option<u32>) -> MemoryLabels {
         let gpu = index.and_then(|i| self.gpus.get(&i));
         let who = inc.target.workload.as_ref();
         MemoryLabels {
@@ -505,6 +515,7 @@ mod tests {
             uuid: "GPU-x".into(),
             model: "H200".into(),
             pci_bus_id: "00000000:3B:00.0".into(),
+            minor: Some(0),
         }];
         let build = Build {
             driver: String::new(),

@@ -18,7 +18,7 @@ use super::{
     },
     ledger::Ledger,
     losses::LossLog,
-    memory::{Change, MemoryBook, Role},
+    memory::{Change, MemoryBook, Role, Watch},
     notice::SignalNotice,
     references,
     signals::{SIGCHLD, SIGKILL},
@@ -300,7 +300,7 @@ impl Correlator {
             return;
         }
         for (id, c) in &self.cases {
-            let gpu = self.memory.watch(*id).and_then(|w| w.gpu);
+            let gpu = self.memory.watch(*id).and_then(Watch::gpu);
             self.xids.link(c.inc.target.pid, gpu, c.inc.t_signal_ns);
         }
     }
@@ -509,7 +509,7 @@ impl Correlator {
                 || self
                     .memory
                     .watch(id)
-                    .is_some_and(|w| w.max_figure.is_some());
+                    .is_some_and(|w| w.max_figure().is_some());
             if let Some(c) = self.cases.get_mut(&id) {
                 c.owner = owner;
                 c.owns = owns;
@@ -574,7 +574,7 @@ impl Correlator {
         let listed = self
             .memory
             .watch(id)
-            .is_some_and(|w| w.max_figure.is_some());
+            .is_some_and(|w| w.max_figure().is_some());
         if listed || allocators.contains(&pid) {
             return Role::Own { ledger: video };
         }
@@ -793,7 +793,7 @@ impl Correlator {
                     && self
                         .memory
                         .watch(**id)
-                        .is_some_and(|w| w.max_figure.is_some())
+                        .is_some_and(|w| w.max_figure().is_some())
             })
             .map(|(id, c)| (*id, c.inc.t_group_dead_ns))
             .collect();
@@ -978,12 +978,13 @@ impl Correlator {
     pub(super) fn teardown_of(&self, id: u64) -> Option<Teardown> {
         let c = self.cases.get(&id)?;
         let w = self.memory.watch(id)?;
+        let (gpu, device) = w.devices.iter().next()?;
         Some(Teardown {
-            gpu: w.gpu?,
+            gpu: *gpu,
             dead_ns: c.inc.t_group_dead_ns?,
             released_ns: c.kernel_release.map(|k| k.0),
             back_ns: self.back(id).map(|b| b.0),
-            used_before: w.used_before,
+            used_before: device.used_before,
         })
     }
 
@@ -1010,7 +1011,14 @@ impl Correlator {
     /// Whether other teardowns on the same GPU are under way or just done: NVML's readings
     /// lag behind them, so a victim's memory may still be on its way.
     pub(super) fn others_in_flight(&self, id: u64) -> bool {
-        let gpu = self.memory.watch(id).and_then(|w| w.gpu);
+        let gpus: Vec<u32> = self
+            .memory
+            .watch(id)
+            .map(|w| w.devices.keys().copied().collect())
+            .unwrap_or_default();
+        let shares_gpu = |w: &Watch| {
+            w.devices.keys().any(|g| gpus.contains(g)) || (gpus.is_empty() && w.devices.is_empty())
+        };
         self.cases.iter().any(|(other, c)| {
             *other != id
                 && c.gpu
@@ -1019,7 +1027,7 @@ impl Correlator {
                 && self
                     .memory
                     .watch(*other)
-                    .is_some_and(|w| matches!(w.role, Role::Own { .. }) && w.gpu == gpu)
+                    .is_some_and(|w| matches!(w.role, Role::Own { .. }) && shares_gpu(w))
                 && c.kernel_release
                     .is_none_or(|(t, _)| self.now_ns.saturating_sub(t) < IN_FLIGHT_NS)
         })
@@ -1030,13 +1038,13 @@ impl Correlator {
         let Some(w) = self.memory.watch(id) else {
             return false;
         };
-        if !matches!(w.role, Role::Own { .. }) || w.max_figure.is_none() {
+        if !matches!(w.role, Role::Own { .. }) || w.max_figure().is_none() {
             return false;
         }
         let released = self.cases.get(&id).and_then(|c| c.kernel_release);
         self.nvml.is_some()
-            && !w.listed
-            && w.residuals.is_empty()
+            && !w.listed()
+            && w.residuals().next().is_none()
             && released.is_some_and(|(t, _)| self.now_ns.saturating_sub(t) >= IN_FLIGHT_NS)
             && self.back(id).is_none()
             && !self.others_in_flight(id)
@@ -1045,7 +1053,7 @@ impl Correlator {
     fn imported(&self, id: u64) -> bool {
         self.memory
             .watch(id)
-            .is_some_and(|w| !w.residuals.is_empty())
+            .is_some_and(|w| w.residuals().next().is_some())
     }
 
     /// Whether a dead case is worth a report: deaths by signal always; exits of GPU holders
@@ -1103,16 +1111,13 @@ impl Correlator {
                 .filter(|(_, g)| g.is_none())
                 .map(|(p, _)| *p)
                 .chain(w.iter().flat_map(|w| {
-                    w.residuals
-                        .iter()
+                    w.residuals()
                         .filter(|r| r.back_ns.is_none())
                         .map(|r| r.importer)
                 }))
                 .collect(),
-            residuals_back: w.map_or(0, |w| {
-                w.residuals.iter().filter(|r| r.back_ns.is_some()).count()
-            }),
-            importers: w.map_or(0, |w| w.residuals.len()),
+            residuals_back: w.map_or(0, |w| w.residuals().filter(|r| r.back_ns.is_some()).count()),
+            importers: w.map_or(0, |w| w.residuals().count()),
             back: self.back(id).is_some(),
             lingering: c
                 .inc

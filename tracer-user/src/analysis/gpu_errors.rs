@@ -94,6 +94,11 @@ impl XidBook {
         self.gpus = gpus.to_vec();
     }
 
+    /// The GPUs NVML named at the start.
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
     /// A new Xid; its GPU resolved through NVML's bus ids. The driver's tracepoint and its
     /// log line report the same error, and only the line names the process ("pid=468,
     /// name=python3, " before the same text): the second of the two fills in the first.
@@ -376,6 +381,7 @@ mod tests {
             uuid: "GPU-1".into(),
             model: "H200".into(),
             pci_bus_id: "00000000:3B:00.0".into(),
+            minor: Some(0),
         }]);
         b
     }

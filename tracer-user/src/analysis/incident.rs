@@ -218,6 +218,32 @@ pub struct GpuImpact {
     pub unaccounted_references: u64,
     /// Which evidence decided, and where the sources disagreed, in words.
     pub evidence: Vec<String>,
+    /// Each GPU its memory was on, with that GPU's part (the figures above are their sums).
+    pub gpus: Vec<GpuPart>,
+}
+
+/// One GPU's part of a death's memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GpuPart {
+    /// NVML's index; null where NVML does not read (or gave no minor numbers).
+    pub index: Option<u32>,
+    /// NVML's UUID, when NVML named the GPU at the start.
+    pub uuid: Option<String>,
+    /// The minor number of its device file, `/dev/nvidiaN`.
+    pub minor: Option<u32>,
+    /// What the death was to give back on this GPU (0 when the memory is another's).
+    pub share_bytes: u64,
+    pub share_from: &'static str,
+    /// NVML's figure for the pid on this GPU.
+    pub bytes_nvml: Option<u64>,
+    /// This GPU's `used` when its watch began.
+    pub nvml_used_before: Option<u64>,
+    /// When this GPU's part was back; null while held.
+    pub t_memory_back_ns: Option<u64>,
+    pub released_bytes: u64,
+    /// The target's descriptors on this GPU's device file (`/dev/nvidiaN`), where NVML gave
+    /// its minor number.
+    pub fds: Vec<i32>,
 }
 
 /// Teardowns on one GPU that overlapped: the device's level before the first and when it was

@@ -85,30 +85,46 @@ pub struct Residual {
     pub back_ns: Option<u64>,
 }
 
+/// What a watched process has on one GPU.
+#[derive(Clone, Debug, Default)]
+pub struct Device {
+    /// NVML's largest figure for it on this GPU while watched.
+    pub max_figure: Option<u64>,
+    /// What its death is to give back here by NVML: its figure in the last reading before the
+    /// death, or a larger one after (NVML lists a process killed early only after it died,
+    /// and may show 0 for one mid-teardown).
+    death_figure: Option<u64>,
+    /// Listed in the latest reading of this GPU.
+    pub listed: bool,
+    /// This GPU's `used` at the reading its pool counts from.
+    pub used_before: Option<u64>,
+    /// Its own part here (share minus residuals) was seen back.
+    pub own_back_ns: Option<u64>,
+    pub residuals: Vec<Residual>,
+}
+
+impl Device {
+    /// When all of its share on this GPU was back.
+    pub fn back_ns(&self) -> Option<u64> {
+        let own = self.own_back_ns?;
+        self.residuals
+            .iter()
+            .try_fold(own, |t, r| r.back_ns.map(|b| t.max(b)))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Watch {
     pub pid: u32,
     pub start_ns: u64,
     pub role: Role,
-    /// The GPU NVML lists it on (the first one), once known.
-    pub gpu: Option<u32>,
-    /// NVML's largest figure for it while watched.
-    pub max_figure: Option<u64>,
-    /// What its death is to give back by NVML: its figure in the last reading before the
-    /// death, or a larger one after (NVML lists a process killed early only after it died,
-    /// and may show 0 for one mid-teardown).
-    death_figure: Option<u64>,
+    /// The GPUs NVML listed it on (or the only GPU there is, for a victim it never listed),
+    /// by NVML index: each one's memory comes back on its own.
+    pub devices: BTreeMap<u32, Device>,
     /// Its incident is done; kept while aliases still need its return.
     done: bool,
     /// Not known to hold GPU files: watched only in case NVML lists it (`--lean`).
     probe: bool,
-    /// Listed in the latest reading of its GPU.
-    pub listed: bool,
-    /// Device `used` at the reading its pool counts from.
-    pub used_before: Option<u64>,
-    /// Its own part (share minus residuals) was seen back.
-    pub own_back_ns: Option<u64>,
-    pub residuals: Vec<Residual>,
     /// Its own release of its GPU files (kernel side), which orders credits in a storm.
     pub kernel_release_ns: Option<u64>,
     /// Importers the ledger knows of: (pid, bytes if known, how).
@@ -119,49 +135,125 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// What its death is to give back, and where that figure comes from.
+    /// The first GPU it has memory on (the only one, for most processes).
+    pub fn gpu(&self) -> Option<u32> {
+        self.devices.keys().next().copied()
+    }
+
+    /// Whether the latest reading of one of its GPUs lists it.
+    pub fn listed(&self) -> bool {
+        self.devices.values().any(|d| d.listed)
+    }
+
+    /// NVML's largest figures for it while watched, summed over its GPUs.
+    pub fn max_figure(&self) -> Option<u64> {
+        self.devices
+            .values()
+            .filter_map(|d| d.max_figure)
+            .reduce(|a, b| a + b)
+    }
+
+    /// The parts of its share other processes hold, on every GPU.
+    pub fn residuals(&self) -> impl Iterator<Item = &Residual> {
+        self.devices.values().flat_map(|d| &d.residuals)
+    }
+
+    /// What its death is to give back on GPU `gpu`, and where that figure comes from. A
+    /// victim NVML never listed has its ledger's bytes on the only GPU it is counted on.
+    pub fn device_share(&self, gpu: u32) -> Option<(u64, ShareFrom)> {
+        let Role::Own { ledger } = self.role else {
+            return None;
+        };
+        let d = self.devices.get(&gpu)?;
+        Some(match (d.death_figure, self.devices.len(), ledger) {
+            (Some(nvml), _, _) => (nvml, ShareFrom::Nvml),
+            // On several GPUs: what NVML saw it hold on this one.
+            (None, 2.., _) => (d.max_figure.unwrap_or(0), ShareFrom::Nvml),
+            (None, _, 0) => (0, ShareFrom::None),
+            (None, _, bytes) => (bytes, ShareFrom::Ledger),
+        })
+    }
+
+    /// What its death is to give back, summed over its GPUs, and where that comes from.
     pub fn share(&self) -> Option<(u64, ShareFrom)> {
         let Role::Own { ledger } = self.role else {
             return None;
         };
-        Some(match (self.death_figure, ledger) {
-            (Some(nvml), _) => (nvml, ShareFrom::Nvml),
-            (None, 0) => (0, ShareFrom::None),
-            (None, bytes) => (bytes, ShareFrom::Ledger),
-        })
+        if self.devices.is_empty() {
+            return Some(if ledger == 0 {
+                (0, ShareFrom::None)
+            } else {
+                (ledger, ShareFrom::Ledger)
+            });
+        }
+        let shares: Vec<(u64, ShareFrom)> = self
+            .devices
+            .keys()
+            .filter_map(|g| self.device_share(*g))
+            .collect();
+        let from = if shares.iter().any(|s| s.1 == ShareFrom::Nvml) {
+            ShareFrom::Nvml
+        } else {
+            shares.first().map_or(ShareFrom::None, |s| s.1)
+        };
+        Some((shares.iter().map(|s| s.0).sum(), from))
     }
 
-    /// NVML's figure for what its death gives back (its largest one before it died).
+    /// NVML's figure for what its death gives back on GPU `gpu` (its largest one before it
+    /// died).
+    pub fn device_figure(&self, gpu: u32) -> Option<u64> {
+        let d = self.devices.get(&gpu)?;
+        d.death_figure.or(d.max_figure)
+    }
+
+    /// The same, summed over its GPUs.
     pub fn nvml_figure(&self) -> Option<u64> {
-        self.death_figure.or(self.max_figure)
+        self.devices
+            .keys()
+            .filter_map(|g| self.device_figure(*g))
+            .reduce(|a, b| a + b)
     }
 
-    fn own_part(&self) -> u64 {
-        let held: u64 = self.residuals.iter().map(|r| r.bytes).sum();
-        self.share().map_or(0, |(s, _)| s.saturating_sub(held))
+    fn own_part(&self, gpu: u32) -> u64 {
+        let held: u64 = self
+            .devices
+            .get(&gpu)
+            .map_or(0, |d| d.residuals.iter().map(|r| r.bytes).sum());
+        self.device_share(gpu)
+            .map_or(0, |(s, _)| s.saturating_sub(held))
     }
 
-    /// When all of its share was back.
+    /// When all of its share was back, on every GPU.
     pub fn back_ns(&self) -> Option<u64> {
-        let own = self.own_back_ns?;
-        self.residuals
-            .iter()
-            .try_fold(own, |t, r| r.back_ns.map(|b| t.max(b)))
+        if self.devices.is_empty() {
+            return None;
+        }
+        self.devices
+            .values()
+            .try_fold(0, |t, d| d.back_ns().map(|b| t.max(b)))
     }
 
-    /// Bytes seen back so far.
-    pub fn released(&self) -> u64 {
-        let residuals: u64 = self
+    /// Bytes seen back so far on GPU `gpu`.
+    pub fn device_released(&self, gpu: u32) -> u64 {
+        let Some(d) = self.devices.get(&gpu) else {
+            return 0;
+        };
+        let residuals: u64 = d
             .residuals
             .iter()
             .filter(|r| r.back_ns.is_some())
             .map(|r| r.bytes)
             .sum();
-        if self.own_back_ns.is_some() {
-            self.own_part() + residuals
+        if d.own_back_ns.is_some() {
+            self.own_part(gpu) + residuals
         } else {
             residuals
         }
+    }
+
+    /// Bytes seen back so far, on every GPU.
+    pub fn released(&self) -> u64 {
+        self.devices.keys().map(|g| self.device_released(*g)).sum()
     }
 }
 
@@ -231,35 +323,36 @@ impl MemoryBook {
         }
     }
 
+    /// The watch whose memory `key`'s is: its own, or its owner's for an alias.
+    pub fn memory_of(&self, key: u64) -> Option<&Watch> {
+        let w = self.watches.get(&key)?;
+        match w.role {
+            Role::AliasOf(owner) if owner != key => self.memory_of(owner),
+            _ => Some(w),
+        }
+    }
+
     /// Starts watching `pid` under `key` (a fatal signal reached a GPU holder, or one died).
     pub fn start(&mut self, key: u64, pid: u32, t_ns: u64) {
         let w = self.watches.entry(key).or_insert_with(|| Watch {
             pid,
             start_ns: t_ns,
             role: Role::Alive,
-            gpu: None,
-            max_figure: None,
-            death_figure: None,
+            devices: BTreeMap::new(),
             done: false,
             probe: false,
-            listed: false,
-            used_before: None,
-            own_back_ns: None,
-            residuals: Vec::new(),
             kernel_release_ns: None,
             known_importers: Vec::new(),
             last_activity_ns: t_ns,
         });
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
-        // What NVML said last is the earliest figure it gets.
-        let seen = self
-            .last
-            .values()
-            .find_map(|(g, _)| Some((g.index, g.processes.iter().find(|p| p.pid == pid)?)));
-        if let Some((gpu, p)) = seen {
-            w.gpu.get_or_insert(gpu);
-            w.listed = true;
-            w.max_figure = w.max_figure.max(p.used);
+        // What NVML said last is the earliest figure it gets, on each GPU that lists it.
+        for (g, _) in self.last.values() {
+            if let Some(p) = g.processes.iter().find(|p| p.pid == pid) {
+                let d = w.devices.entry(g.index).or_default();
+                d.listed = true;
+                d.max_figure = d.max_figure.max(p.used);
+            }
         }
     }
 
@@ -269,7 +362,7 @@ impl MemoryBook {
         let known = self.watches.contains_key(&key);
         self.start(key, pid, t_ns);
         if let (false, Some(w)) = (known, self.watches.get_mut(&key)) {
-            w.probe = w.max_figure.is_none();
+            w.probe = w.max_figure().is_none();
         }
     }
 
@@ -290,16 +383,21 @@ impl MemoryBook {
         // What it held just before, by a reading taken since the signal (an older one may
         // predate its allocations): frees of its own while it lived are not the death's.
         let (pid, since) = (w.pid, w.start_ns);
-        w.death_figure = self
-            .last
-            .values()
-            .filter(|(_, t)| *t >= since)
-            .find_map(|(g, _)| {
-                g.processes
-                    .iter()
-                    .find(|p| p.pid == pid)
-                    .map(|p| p.used.unwrap_or(0))
-            });
+        for (g, t) in self.last.values() {
+            let figure = g
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .filter(|_| *t >= since)
+                .map(|p| p.used.unwrap_or(0));
+            match (w.devices.get_mut(&g.index), figure) {
+                (Some(d), _) => d.death_figure = figure,
+                (None, Some(_)) => {
+                    w.devices.entry(g.index).or_default().death_figure = figure;
+                }
+                (None, None) => {}
+            }
+        }
     }
 
     pub fn kernel_released(&mut self, key: u64, t_ns: u64) {
@@ -367,7 +465,7 @@ impl MemoryBook {
     /// Whether NVML should be read every millisecond: a watched release may be under way.
     pub fn awaiting(&self, now_ns: u64) -> bool {
         self.watches.values().any(|w| {
-            let window = if w.probe && w.max_figure.is_none() {
+            let window = if w.probe && w.max_figure().is_none() {
                 PROBE_NS
             } else {
                 ACTIVE_NS
@@ -397,23 +495,25 @@ impl MemoryBook {
         changes
     }
 
-    /// Updates each watch's figures from `g`.
+    /// Updates each watch's figures on `g`'s GPU.
     fn note_listing(&mut self, g: &NvmlGpu) {
         for w in self.watches.values_mut() {
-            if w.gpu.is_some_and(|i| i != g.index) {
-                continue;
-            }
             match g.processes.iter().find(|p| p.pid == w.pid) {
                 Some(p) => {
+                    let alive = w.role == Role::Alive;
+                    let d = w.devices.entry(g.index).or_default();
                     // Its largest figure: NVML may show 0 for a process mid-teardown.
-                    w.gpu.get_or_insert(g.index);
-                    w.listed = true;
-                    w.max_figure = w.max_figure.max(p.used);
-                    if w.role != Role::Alive {
-                        w.death_figure = w.death_figure.max(Some(p.used.unwrap_or(0)));
+                    d.listed = true;
+                    d.max_figure = d.max_figure.max(p.used);
+                    if !alive {
+                        d.death_figure = d.death_figure.max(Some(p.used.unwrap_or(0)));
                     }
                 }
-                None => w.listed = false,
+                None => {
+                    if let Some(d) = w.devices.get_mut(&g.index) {
+                        d.listed = false;
+                    }
+                }
             }
         }
     }
@@ -426,9 +526,11 @@ impl MemoryBook {
             .iter()
             .filter(|(_, w)| {
                 matches!(w.role, Role::Own { .. })
-                    && w.back_ns().is_none()
-                    // A victim NVML never listed counts on the only GPU there is.
-                    && (w.gpu == Some(g.index) || (w.gpu.is_none() && single_gpu))
+                    && match w.devices.get(&g.index) {
+                        Some(d) => d.back_ns().is_none(),
+                        // A victim NVML never listed counts on the only GPU there is.
+                        None => w.devices.is_empty() && single_gpu,
+                    }
             })
             .map(|(key, _)| *key)
             .collect();
@@ -450,8 +552,8 @@ impl MemoryBook {
         for key in waiting {
             if pool.victims.insert(key) {
                 if let Some(w) = self.watches.get_mut(&key) {
-                    w.gpu.get_or_insert(g.index);
-                    w.used_before.get_or_insert(pool.prev.used);
+                    let d = w.devices.entry(g.index).or_default();
+                    d.used_before.get_or_insert(pool.prev.used);
                 }
             }
         }
@@ -482,7 +584,7 @@ impl MemoryBook {
                 w.known_importers
                     .iter()
                     .map(|i| i.0)
-                    .chain(w.residuals.iter().map(|r| r.importer))
+                    .chain(w.residuals().map(|r| r.importer))
             })
             .chain(pool.suspected.iter().copied())
             .collect();
@@ -525,13 +627,14 @@ impl MemoryBook {
         pool.bytes += prev.used as i128 - g.used as i128 + correction;
 
         // Victims off the list, their own release first.
+        let gpu = g.index;
         let mut candidates: Vec<(u64, u64, u64)> = self
             .watches
             .iter()
             .filter(|(key, w)| {
                 pool.victims.contains(key)
-                    && w.own_back_ns.is_none()
-                    && w.share().is_some()
+                    && w.devices.get(&gpu).is_some_and(|d| d.own_back_ns.is_none())
+                    && w.device_share(gpu).is_some()
                     && fig(g, w.pid).is_none()
             })
             .map(|(key, w)| (w.kernel_release_ns.unwrap_or(u64::MAX), w.start_ns, *key))
@@ -541,10 +644,11 @@ impl MemoryBook {
             let Some(w) = self.watches.get_mut(&key) else {
                 continue;
             };
-            let Some((share, _)) = w.share() else {
+            let Some((share, _)) = w.device_share(gpu) else {
                 continue;
             };
-            if w.residuals.is_empty() && pool.bytes + (tolerance(share) as i128) < share as i128 {
+            let no_residuals = w.devices.get(&gpu).is_none_or(|d| d.residuals.is_empty());
+            if no_residuals && pool.bytes + (tolerance(share) as i128) < share as i128 {
                 // Short: an importer may hold the rest.
                 let residuals = importers_of(w, &risers, share, pool.bytes, t_ns);
                 if !residuals.is_empty() {
@@ -553,14 +657,14 @@ impl MemoryBook {
                             pool.suspected.insert(r.importer);
                         }
                     }
-                    w.residuals = residuals.clone();
+                    w.devices.entry(gpu).or_default().residuals = residuals.clone();
                     changes.push(Change::Imported { key, residuals });
                 }
             }
-            let own = w.own_part();
+            let own = w.own_part(gpu);
             if pool.bytes + tolerance(own) as i128 >= own as i128 {
                 pool.bytes -= own as i128;
-                w.own_back_ns = Some(t_ns);
+                w.devices.entry(gpu).or_default().own_back_ns = Some(t_ns);
                 changes.push(Change::OwnBack { key, bytes: own });
             }
         }
@@ -574,7 +678,10 @@ impl MemoryBook {
             if !pool.victims.contains(&key) {
                 continue;
             }
-            for r in w.residuals.iter_mut().filter(|r| r.back_ns.is_none()) {
+            let Some(d) = w.devices.get_mut(&gpu) else {
+                continue;
+            };
+            for r in d.residuals.iter_mut().filter(|r| r.back_ns.is_none()) {
                 if let Some(&t) = backs.get(&r.importer) {
                     r.back_ns = Some(t);
                 } else if pool.bytes + tolerance(r.bytes) as i128 >= r.bytes as i128 {
@@ -591,12 +698,13 @@ impl MemoryBook {
         }
         pool.prev = g.clone();
         pool.prev_ns = t_ns;
-        // A pool whose victims are all back closes; they keep its view for their reports.
-        // A pool whose victims are all back closes.
-        let all_back = pool
-            .victims
-            .iter()
-            .all(|k| self.watches.get(k).is_none_or(|w| w.back_ns().is_some()));
+        // A pool whose victims are all back on its GPU closes.
+        let all_back = pool.victims.iter().all(|k| {
+            self.watches
+                .get(k)
+                .and_then(|w| w.devices.get(&gpu))
+                .is_none_or(|d| d.back_ns().is_some())
+        });
         if all_back {
             self.pools.remove(&g.index);
         }
@@ -796,6 +904,79 @@ mod tests {
                 Change::OwnBack { key: 1, bytes: GIB },
                 Change::OwnBack { key: 3, bytes: GIB }
             ]
+        );
+    }
+
+    /// Readings of two GPUs: (used, processes) for GPU0, then for GPU1.
+    fn two(gpu0: (u64, &[(u32, u64)]), gpu1: (u64, &[(u32, u64)])) -> Vec<NvmlGpu> {
+        let mut r = reading(gpu0.0, gpu0.1);
+        let mut other = reading(gpu1.0, gpu1.1);
+        other[0].index = 1;
+        r.append(&mut other);
+        r
+    }
+
+    #[test]
+    fn memory_on_two_gpus_is_back_only_when_both_parts_are() {
+        let mut m = MemoryBook::default();
+        feed(
+            &mut m,
+            0,
+            &two((5 * GIB, &[(10, 4 * GIB)]), (9 * GIB, &[(10, 8 * GIB)])),
+        );
+        m.start(10, 10, 0);
+        m.died(10, 10, own());
+        let w = m.watch(10).expect("watched");
+        assert_eq!(w.share(), Some((12 * GIB, ShareFrom::Nvml)));
+        assert_eq!(w.device_share(1), Some((8 * GIB, ShareFrom::Nvml)));
+        // GPU0's part is back; GPU1 still lists it and holds its 8 GiB.
+        let c = feed(&mut m, 30, &two((GIB, &[]), (9 * GIB, &[(10, 8 * GIB)])));
+        assert_eq!(
+            c,
+            vec![Change::OwnBack {
+                key: 10,
+                bytes: 4 * GIB
+            }]
+        );
+        let w = m.watch(10).expect("watched");
+        assert_eq!(w.devices[&0].back_ns(), Some(30));
+        assert_eq!(w.back_ns(), None, "GPU1's part is not back");
+        assert_eq!(w.released(), 4 * GIB);
+        let c = feed(&mut m, 60, &two((GIB, &[]), (GIB, &[])));
+        assert_eq!(
+            c,
+            vec![Change::OwnBack {
+                key: 10,
+                bytes: 8 * GIB
+            }]
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(60));
+    }
+
+    #[test]
+    fn a_death_on_gpu1_is_not_credited_with_gpu0s_frees() {
+        let mut m = MemoryBook::default();
+        feed(
+            &mut m,
+            0,
+            &two((4 * GIB, &[(20, 3 * GIB)]), (9 * GIB, &[(10, 8 * GIB)])),
+        );
+        m.start(10, 10, 0);
+        m.died(10, 10, own());
+        // It leaves GPU1's list while GPU1's memory stays; another process frees 3 GiB on
+        // GPU0 at the same moment.
+        let c = feed(&mut m, 30, &two((GIB, &[]), (9 * GIB, &[])));
+        assert!(c.is_empty(), "{c:?}");
+        let w = m.watch(10).expect("watched");
+        assert_eq!(w.devices.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!(w.back_ns(), None);
+        let c = feed(&mut m, 60, &two((GIB, &[]), (GIB, &[])));
+        assert_eq!(
+            c,
+            vec![Change::OwnBack {
+                key: 10,
+                bytes: 8 * GIB
+            }]
         );
     }
 }

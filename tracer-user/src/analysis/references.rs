@@ -21,7 +21,12 @@ const LAST_GPU_MINOR: u32 = 247;
 /// driver takes references of its own on nvidiactl (one per /dev/nvidiaN registered with it)
 /// and UVM on its files, which no descriptor accounts for.
 fn counts_holders(dev: u32, declared: &[u32]) -> bool {
-    (dev_major(dev) == NVIDIA_MAJOR && dev_minor(dev) <= LAST_GPU_MINOR) || declared.contains(&dev)
+    is_gpu_node(dev) || declared.contains(&dev)
+}
+
+/// Whether `dev` is a GPU's own node, /dev/nvidiaN.
+pub fn is_gpu_node(dev: u32) -> bool {
+    dev_major(dev) == NVIDIA_MAJOR && dev_minor(dev) <= LAST_GPU_MINOR
 }
 
 /// References to `pid`'s GPU files held outside its own table and those of known holders.

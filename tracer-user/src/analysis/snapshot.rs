@@ -2,10 +2,12 @@
 //! (the mode, the memory's return and who decided it, phases, verdict), computed anew for each
 //! report.
 
+use tracer_common::driver::dev_minor;
+
 use super::{
     correlate::{Case, Correlator, Reported},
-    holders::{Holder, How},
-    incident::{ExitStatus, Incident, Source},
+    holders::{HeldFile, Holder, How},
+    incident::{ExitStatus, GpuPart, Incident, Source},
     memory::{Role, ShareFrom, Watch},
     signals::{self, Origin, SIGKILL},
     termination::{self, Mode, SignalSent},
@@ -51,9 +53,9 @@ impl Correlator {
                 gpu.share_from = "none";
             }
             if let Some(w) = w {
-                gpu.index = w.gpu;
+                gpu.index = w.gpu();
                 gpu.bytes_nvml = w.nvml_figure();
-                gpu.nvml_used_before = w.used_before;
+                gpu.nvml_used_before = w.devices.values().next().and_then(|d| d.used_before);
                 gpu.released_bytes = w.released();
             }
             gpu.t_files_released_ns = c.kernel_release.map(|k| k.0);
@@ -70,7 +72,7 @@ impl Correlator {
             gpu.memory_back_by = back.map(|b| b.1);
             let held_elsewhere = !c.fd_holders.is_empty()
                 || c.unaccounted > 0
-                || w.is_some_and(|w| !w.residuals.is_empty());
+                || w.is_some_and(|w| w.residuals().next().is_some());
             if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
                 gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
             }
@@ -88,6 +90,7 @@ impl Correlator {
                 }
             }
             gpu.evidence = evidence;
+            gpu.gpus = self.gpu_parts(id, &gpu.files);
         }
 
         let empty = Default::default();
@@ -161,14 +164,14 @@ impl Correlator {
                 deferral: log.deferral(&self.stacks),
                 asleep,
                 unknown_nvml_pids,
-                still_listed: self.nvml.as_ref().and(w.map(|w| w.listed)),
+                still_listed: self.nvml.as_ref().and(w.map(Watch::listed)),
                 others_in_flight: self.others_in_flight(id),
                 slow_after_ns: self.config.slow_after_ns,
                 now_ns: now,
             };
             inc.verdict = verdict::decide(&inc, &cx);
         }
-        let gpu = w.and_then(|w| w.gpu);
+        let gpu = w.and_then(Watch::gpu);
         let stuck = inc
             .verdict
             .as_ref()
@@ -183,6 +186,84 @@ impl Correlator {
         inc
     }
 
+    /// Each GPU of the case's memory (its own, or its owner's for an alias) and of its
+    /// device files, with that GPU's part.
+    fn gpu_parts(&self, id: u64, files: &[HeldFile]) -> Vec<GpuPart> {
+        let own = self
+            .memory
+            .watch(id)
+            .is_some_and(|w| matches!(w.role, Role::Own { .. }));
+        let infos = self.xids.gpus();
+        let mut parts: Vec<GpuPart> = Vec::new();
+        if let Some(w) = self.memory.memory_of(id) {
+            for (&index, d) in &w.devices {
+                let info = infos.iter().find(|g| g.index == index);
+                let (share, from) = w
+                    .device_share(index)
+                    .filter(|_| own)
+                    .unwrap_or((0, ShareFrom::None));
+                parts.push(GpuPart {
+                    index: Some(index),
+                    uuid: info.map(|g| g.uuid.clone()),
+                    minor: info.and_then(|g| g.minor),
+                    share_bytes: share,
+                    share_from: from.label(),
+                    bytes_nvml: w.device_figure(index),
+                    nvml_used_before: d.used_before,
+                    t_memory_back_ns: self.nvml.as_ref().and(d.back_ns()),
+                    released_bytes: if own { w.device_released(index) } else { 0 },
+                    fds: Vec::new(),
+                });
+            }
+        }
+        // Its /dev/nvidiaN descriptors, on the GPU whose minor NVML gave (or on a part of
+        // their own: without NVML, or for a GPU it had no memory on).
+        for f in files
+            .iter()
+            .filter(|f| super::references::is_gpu_node(f.dev))
+        {
+            let minor = dev_minor(f.dev);
+            let index = if infos.iter().any(|g| g.minor.is_some()) {
+                infos
+                    .iter()
+                    .find(|g| g.minor == Some(minor))
+                    .map(|g| g.index)
+            } else {
+                // A trace recorded before minors were read: on a one-GPU machine (or with the
+                // memory on one GPU), that GPU.
+                match (infos, parts.as_slice()) {
+                    ([only], _) => Some(only.index),
+                    ([], [one]) => one.index,
+                    _ => None,
+                }
+            };
+            let at = parts
+                .iter()
+                .position(|p| p.minor == Some(minor) || (index.is_some() && p.index == index));
+            let part = match at {
+                Some(i) => &mut parts[i],
+                None => {
+                    parts.push(GpuPart {
+                        index,
+                        uuid: infos
+                            .iter()
+                            .find(|g| Some(g.index) == index)
+                            .map(|g| g.uuid.clone()),
+                        minor: Some(minor),
+                        share_from: ShareFrom::None.label(),
+                        ..Default::default()
+                    });
+                    parts.last_mut().expect("just pushed")
+                }
+            };
+            part.minor = Some(minor);
+            if !part.fds.contains(&f.fd) {
+                part.fds.push(f.fd);
+            }
+        }
+        parts
+    }
+
     /// Other processes holding the case's memory: its files' holders at death (with when each
     /// let go) and the importers found.
     fn holders_of_case(&self, c: &Case, w: Option<&Watch>) -> Vec<Holder> {
@@ -190,7 +271,7 @@ impl Correlator {
         for h in &mut out {
             h.t_released_ns = c.holder_gone.get(&h.pid).copied().flatten();
         }
-        for r in w.iter().flat_map(|w| &w.residuals) {
+        for r in w.iter().flat_map(|w| w.residuals()) {
             let (comm, ppid) = self
                 .holders
                 .process(r.importer)

@@ -6,7 +6,7 @@ use crate::{
     analysis::{
         gpu_errors::GpuError,
         holders::How,
-        incident::{Action, GpuImpact, Incident, Outcome, ReapHow, Source},
+        incident::{Action, GpuImpact, GpuPart, Incident, Outcome, ReapHow, Source},
         memory::ImportVia,
         termination::{self, Mode},
         verdict::{gib, VerdictKind},
@@ -251,6 +251,33 @@ fn render_phases(s: &mut String, inc: &Incident) {
     }
 }
 
+/// One GPU's line of an incident on several.
+fn render_gpu_part(s: &mut String, inc: &Incident, part: &GpuPart) {
+    let name = match (part.index, part.minor) {
+        (Some(i), _) => format!("GPU{i}"),
+        (None, Some(m)) => format!("/dev/nvidia{m}"),
+        (None, None) => "GPU?".into(),
+    };
+    let mut facts = vec![gib(part.share_bytes)];
+    if let Some(b) = part.bytes_nvml {
+        facts.push(format!("NVML {}", gib(b)));
+    }
+    if !part.fds.is_empty() {
+        let fds: Vec<String> = part.fds.iter().map(i32::to_string).collect();
+        facts.push(format!("fd {}", fds.join(",")));
+    }
+    match part.t_memory_back_ns {
+        Some(t) => facts.push(format!("back at +{}", ms(inc.ms_after_signal(t)))),
+        None if part.index.is_some() && inc.t_group_dead_ns.is_some() => facts.push(format!(
+            "still held: {} of {} back",
+            gib(part.released_bytes),
+            gib(part.share_bytes)
+        )),
+        None => {}
+    }
+    let _ = writeln!(s, "{INDENT}  {name:<6} {}", facts.join(" · "));
+}
+
 fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnchor) {
     let nvml = match gpu.bytes_nvml {
         Some(b) => format!("NVML {}", gib(b)),
@@ -278,6 +305,11 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             gib(gpu.share_bytes),
             gpu.files.len(),
         );
+    }
+    if gpu.gpus.len() > 1 {
+        for part in &gpu.gpus {
+            render_gpu_part(s, inc, part);
+        }
     }
     let mut steps = Vec::new();
     match (gpu.t_memory_back_ns, gpu.memory_back_by) {

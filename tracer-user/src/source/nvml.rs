@@ -65,6 +65,7 @@ impl NvmlSampler {
                     uuid: d.uuid().unwrap_or_default(),
                     model: d.name().unwrap_or_default(),
                     pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                    minor: d.minor_number().ok(),
                 })
             })
             .collect();

@@ -72,15 +72,16 @@ for mode in fentry kprobe; do
     tagged $mode-replay-err /tmp/replay.err
 done
 # The stock kernel's default strategy (no --gpu-device: the driver's own open and ioctl
-# entries answer instead of system call tracepoints). A GPU process opens nvidia0 and
-# nvidia-uvm, allocates 1 GiB through RM_ALLOC, forks a child that keeps its files and is
-# SIGKILLed; then the child is, and its exit releases the files (the UVM release sleeps).
+# entries answer instead of system call tracepoints). A GPU process holding nvidia1 as fd 9
+# (a second GPU) opens nvidia0 and nvidia-uvm, allocates 1 GiB through RM_ALLOC, forks a
+# child that keeps its files and is SIGKILLed; then the child is, and its exit releases the
+# files (the UVM release sleeps).
 rm -f /tmp/live.* /tmp/held
 /linger live --json --events --no-nvml --duration 120s --record /tmp/live.trace \
     > /tmp/live.out 2> /tmp/live.err &
 live=$!
 if await /tmp/live.err "linger: tracing" 1200; then
-    /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held &
+    sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
     gpu=$!
     await /tmp/held held 300
     child=$(sed -n 's/^held //p' /tmp/held)

@@ -109,6 +109,10 @@ impl Workload {
     }
 }
 
+/// The syscall workload's ping-pong makes N / this round trips: each is two context switches,
+/// about a hundred getppid()s long (xtask's section 6 divides by the same).
+pub const PINGPONG_SHARE: u32 = 20;
+
 /// The workload, with what it keeps between iterations.
 pub struct Storm {
     workload: Workload,
@@ -174,9 +178,10 @@ impl SyscallParts {
         })
     }
 
-    /// The four parts, N calls each: seconds per part.
+    /// The four parts, N calls each (the ping-pong N / PINGPONG_SHARE round trips, each a
+    /// hundred getppid()s long): seconds per part.
     fn run(&self, n: u32) -> Result<Vec<f64>> {
-        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let time = |n: u32, f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
             let t = Instant::now();
             for _ in 0..n {
                 f()?;
@@ -186,21 +191,21 @@ impl SyscallParts {
         let mut byte = [0u8];
         let mut page = [0u8; 4096];
         Ok(vec![
-            time(&mut || {
+            time(n, &mut || {
                 black_box(getppid());
                 Ok(())
             })?,
-            time(&mut || {
+            time(n, &mut || {
                 ensure!(read(self.zero.as_fd(), &mut byte)? == 1, "short read");
                 ensure!(write(&self.null, &byte)? == 1, "short write");
                 Ok(())
             })?,
-            time(&mut || {
+            time(n / PINGPONG_SHARE, &mut || {
                 ensure!(write(&self.ping, b"p")? == 1, "ping");
                 ensure!(read(self.pong.as_fd(), &mut byte)? == 1, "pong");
                 Ok(())
             })?,
-            time(&mut || {
+            time(n, &mut || {
                 ensure!(
                     nix::sys::uio::pread(&self.cached, &mut page, 0)? == page.len(),
                     "short pread"

@@ -84,6 +84,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     if parent["gpu"]["bytes_ledger"] != GIB {
         bail!("the parent's ledger is not its 1 GiB: {}", parent["gpu"]);
     }
+    per_device(parent)?;
     let own = incidents
         .get(&child)
         .with_context(|| format!("no incident for the child {child}"))?;
@@ -100,7 +101,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     }
     eprintln!(
         "xtask vm:   no system call tracepoint; holder, 1 GiB ledger and release from the \
-         driver's hooks"
+         driver's hooks; its files on two GPUs told apart"
     );
     Ok(())
 }
@@ -120,6 +121,28 @@ fn gpu_error(strategy: &Value, incident: &Value, holder: u64) -> Result<()> {
     }
     if x["at_ms"].as_f64().is_none_or(|at| at >= 0.0) {
         bail!("the Xid is not before the kill: {x}");
+    }
+    Ok(())
+}
+
+/// Its files on two GPUs, told apart by the device files' minors (no NVML here to name the
+/// GPUs): nvidia1 as fd 9, nvidia0 on a part of its own.
+fn per_device(incident: &Value) -> Result<()> {
+    let parts = incident["gpu"]["gpus"].as_array().into_iter().flatten();
+    let minors: BTreeMap<u64, Vec<u64>> = parts
+        .filter_map(|p| {
+            let fds = p["fds"].as_array()?.iter().filter_map(Value::as_u64);
+            Some((p["minor"].as_u64()?, fds.collect()))
+        })
+        .collect();
+    let on_nvidia0 = minors
+        .get(&0)
+        .is_some_and(|fds| !fds.is_empty() && !fds.contains(&9));
+    if minors.get(&1) != Some(&vec![9]) || !on_nvidia0 || minors.len() != 2 {
+        bail!(
+            "the GPU process's files are not told apart by GPU (nvidia0; nvidia1 as fd 9): {}",
+            incident["gpu"]
+        );
     }
     Ok(())
 }
