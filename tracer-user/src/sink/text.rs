@@ -546,3 +546,64 @@ fn ms(v: f64) -> String {
         format!("{v:.1} ms")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::incident::Target;
+
+    const GIB: u64 = 1 << 30;
+
+    /// Memory on two GPUs, GPU0's part back and GPU1's held: a line for each.
+    #[test]
+    fn an_incident_on_two_gpus_has_a_line_per_gpu() {
+        let target = Target {
+            pid: 10,
+            comm: "python3".into(),
+            threads: 1,
+            workload: None,
+        };
+        let mut inc = Incident::new(1, target, 1_000_000_000);
+        inc.t_group_dead_ns = Some(1_001_000_000);
+        let part = |index, minor, share, back: Option<u64>, fds: &[i32]| GpuPart {
+            index: Some(index),
+            minor: Some(minor),
+            share_bytes: share,
+            released_bytes: if back.is_some() { share } else { 0 },
+            t_memory_back_ns: back,
+            fds: fds.to_vec(),
+            ..Default::default()
+        };
+        inc.gpu = Some(GpuImpact {
+            index: Some(0),
+            share_bytes: 12 * GIB,
+            share_from: "nvml",
+            released_bytes: 4 * GIB,
+            gpus: vec![
+                part(0, 0, 4 * GIB, Some(1_150_000_000), &[11, 12]),
+                part(1, 1, 8 * GIB, None, &[13]),
+            ],
+            ..Default::default()
+        });
+        let mut s = String::new();
+        let gpu = inc.gpu.clone().expect("gpu");
+        let anchor = WallAnchor {
+            realtime_minus_boottime_ns: 0,
+        };
+        render_gpu(&mut s, &inc, &gpu, &anchor);
+        let lines: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("GPU0 ") || l.contains("GPU1 "))
+            .collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(
+            lines[0].contains("GPU0") && lines[0].contains("fd 11,12"),
+            "{s}"
+        );
+        assert!(lines[0].contains("back at +150"), "{s}");
+        assert!(
+            lines[1].contains("GPU1") && lines[1].contains("still held"),
+            "{s}"
+        );
+    }
+}
