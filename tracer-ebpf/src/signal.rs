@@ -74,7 +74,6 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
             );
         }
     }
-    // SAFETY: bpf_get_current_task returns the running task, valid for this program's run.
     let sender = Task::current();
     let about = if fatal { target_pid } else { sender_pid };
     emit_waking::<SignalGenerate>(urgent(about), |e| {

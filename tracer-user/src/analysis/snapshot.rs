@@ -240,8 +240,8 @@ impl Correlator {
             let at = parts
                 .iter()
                 .position(|p| p.minor == Some(minor) || (index.is_some() && p.index == index));
-            let part = match at {
-                Some(i) => &mut parts[i],
+            let i = match at {
+                Some(i) => i,
                 None => {
                     parts.push(GpuPart {
                         index,
@@ -253,9 +253,10 @@ impl Correlator {
                         share_from: ShareFrom::None.label(),
                         ..Default::default()
                     });
-                    parts.last_mut().expect("just pushed")
+                    parts.len() - 1
                 }
             };
+            let part = &mut parts[i];
             part.minor = Some(minor);
             if !part.fds.contains(&f.fd) {
                 part.fds.push(f.fd);
