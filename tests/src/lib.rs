@@ -227,6 +227,15 @@ impl Live {
         ])
     }
 
+    /// The next line linger prints on stdout, parsed, while it runs; None once it ended.
+    pub fn next_record(&mut self) -> Option<Value> {
+        let line = self.stdout.next_line()?;
+        Some(
+            serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}")),
+        )
+    }
+
     /// Waits for linger to stop (on its own, or after a signal the test sent) and returns
     /// what it printed.
     pub fn finish(mut self) -> Output {

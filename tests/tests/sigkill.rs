@@ -63,3 +63,26 @@ fn ctrl_c_stops_linger_without_an_incident_about_itself() {
         .count();
     assert_eq!(about_itself, 0, "{out:#?}");
 }
+
+#[test]
+fn an_incident_is_printed_while_linger_runs() {
+    require_root();
+    let mut target = Target::start(1, "default");
+    // No --count or --duration: the incident must come out while linger goes on (its
+    // output is buffered per batch of records, and must not wait for the end).
+    let mut live = Live::start(["--json", "--pid", &target.pid.to_string()]);
+    target.child.signal(Signal::SIGKILL);
+    target.child.wait();
+    let incident = loop {
+        let record = live
+            .next_record()
+            .expect("linger live ended before printing the incident");
+        if record["type"] == "incident" && record["target"]["pid"] == target.pid {
+            break record;
+        }
+    };
+    assert_eq!(text(&incident, "/signal_name"), "SIGKILL", "{incident:#}");
+    live.child.signal(Signal::SIGINT);
+    let out = live.finish();
+    assert!(out.status.success(), "{out:#?}");
+}

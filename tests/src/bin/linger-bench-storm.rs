@@ -223,6 +223,10 @@ fn check_run(config: &Config, storm: &mut Storm) -> Result<Value> {
         // Every event is printed as JSON: keep these small.
         Workload::IoctlGpu => (true, config.iterations.min(50_000)),
         Workload::Dying => (true, config.iterations.min(5)),
+        // What each program costs per kill, fork and exec.
+        Workload::KillThreads | Workload::KillExec | Workload::SpawnTrue => {
+            (false, config.iterations)
+        }
         _ => return Ok(Value::Null),
     };
     let check = Config {

@@ -1,6 +1,15 @@
 //! `linger live`: trace fatal signals until stopped.
 
-use std::{io::Write, path::PathBuf, sync::atomic::Ordering, time::Duration};
+use std::{
+    io::Write,
+    ops::ControlFlow,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use anyhow::Context;
 use log::{debug, info, warn};
@@ -11,10 +20,12 @@ use tracer_user::{
     privileges,
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
     source::{
-        collect::{self, Tap},
+        collect::{self, Sink, Tap},
         gpu::GpuSources,
         kernel::KernelSource,
-        kmsg, machine, procfs, workload,
+        kmsg, machine,
+        pace::Pace,
+        procfs, workload,
     },
     trace::TraceMeta,
 };
@@ -115,7 +126,9 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let probes = load(&args)?;
     let ready = || eprintln!("linger: tracing fatal signals (Ctrl-C to stop)");
-    trace(probes, &args, ready, &mut std::io::stdout().lock(), &mut ()).map(|_| ())
+    // Flushed after each batch of events (see `LiveSink`), not after each line.
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    trace(probes, &args, ready, &mut out, &mut ()).map(|_| ())
 }
 
 pub fn load(args: &Args) -> anyhow::Result<Probes> {
@@ -226,18 +239,12 @@ pub fn trace(
             // Once everything is attached, the holders at start are known and a Ctrl-C
             // would end the run cleanly.
             ready,
-            |event| {
-                let flow = report.on_event(event);
-                companion.event(event);
-                for record in report.take_written() {
-                    companion.record(&record);
-                }
-                awaited.set_fast(report.awaiting_gpu_memory());
-                idle.store(report.is_idle(), Ordering::Relaxed);
-                if report.take_search_request() {
-                    search.store(true, Ordering::Relaxed);
-                }
-                flow
+            LiveSink {
+                report: &mut report,
+                companion,
+                awaited,
+                idle,
+                search,
             },
         )
         .await?;
@@ -253,4 +260,33 @@ pub fn trace(
         );
     }
     Ok(all)
+}
+
+/// The live stream's end: the report, the companion, and what the GPU side is told back.
+struct LiveSink<'r, 'o, W: Write, C: Companion> {
+    report: &'r mut Report<'o, W>,
+    companion: &'r mut C,
+    awaited: Arc<Pace>,
+    idle: Arc<AtomicBool>,
+    search: Arc<AtomicBool>,
+}
+
+impl<W: Write, C: Companion> Sink for LiveSink<'_, '_, W, C> {
+    fn event(&mut self, event: &Event) -> ControlFlow<()> {
+        let flow = self.report.on_event(event);
+        self.companion.event(event);
+        for record in self.report.take_written() {
+            self.companion.record(&record);
+        }
+        self.awaited.set_fast(self.report.awaiting_gpu_memory());
+        self.idle.store(self.report.is_idle(), Ordering::Relaxed);
+        if self.report.take_search_request() {
+            self.search.store(true, Ordering::Relaxed);
+        }
+        flow
+    }
+
+    fn batch_done(&mut self) {
+        self.report.flush();
+    }
 }

@@ -62,6 +62,9 @@ impl<'a, W: Write> Report<'a, W> {
 
     /// Feeds one event; breaks when writing failed or `count` incidents were written.
     pub fn on_event(&mut self, event: &Event) -> ControlFlow<()> {
+        if self.failure.is_some() {
+            return ControlFlow::Break(());
+        }
         if let EventData::Loss { count, what } = event.data {
             if let Err(e) = self.report_loss(event.ts_ns, count, what) {
                 self.failure = Some(e);
@@ -70,7 +73,7 @@ impl<'a, W: Write> Report<'a, W> {
         }
         if self.output.events {
             let line = json!({"type": "event", "event": event});
-            if let Err(e) = json::write_line(self.out, &line) {
+            if let Err(e) = json::append_line(self.out, &line) {
                 self.failure = Some(e);
                 return ControlFlow::Break(());
             }
@@ -107,6 +110,16 @@ impl<'a, W: Write> Report<'a, W> {
         self.correlator.awaiting_gpu_memory()
     }
 
+    /// Writes out what the records since the last flush left buffered: once per batch of
+    /// events, so a burst of incidents costs one write.
+    pub fn flush(&mut self) {
+        if self.failure.is_none() {
+            if let Err(e) = self.out.flush() {
+                self.failure = Some(e);
+            }
+        }
+    }
+
     /// Closes what is still open (unless `count` was reached); returns the number of
     /// incidents written.
     pub fn finish(mut self) -> std::io::Result<usize> {
@@ -117,6 +130,7 @@ impl<'a, W: Write> Report<'a, W> {
             self.correlator.finish(&mut self.closed);
             let _ = self.emit();
         }
+        self.flush();
         match self.failure.take() {
             Some(e) => Err(e),
             None => Ok(self.incidents),
@@ -131,14 +145,12 @@ impl<'a, W: Write> Report<'a, W> {
         for mut record in std::mem::take(&mut self.closed) {
             stamp(&mut record, &self.node, &self.anchor);
             let written = if self.output.json {
-                json::write_line(self.out, &record)
+                json::append_line(self.out, &record)
             } else {
                 // The last guard before the terminal: names are escaped where they are laid
                 // out, and nothing a field let through is obeyed here either.
                 let text = text::render(&record, &self.anchor);
-                self.out
-                    .write_all(escape::terminal_lines(&text).as_bytes())
-                    .and_then(|()| self.out.flush())
+                self.out.write_all(escape::terminal_lines(&text).as_bytes())
             };
             if let Err(e) = written {
                 self.failure = Some(e);
@@ -159,7 +171,7 @@ impl<'a, W: Write> Report<'a, W> {
 
     fn report_loss(&mut self, ts_ns: u64, count: u64, what: LossKind) -> std::io::Result<()> {
         if self.output.json {
-            json::write_line(
+            json::append_line(
                 self.out,
                 &json!({"type": "loss", "t_ns": ts_ns, "count": count, "what": what}),
             )

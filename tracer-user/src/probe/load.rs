@@ -317,6 +317,11 @@ impl Probes {
     }
 
     /// Sets slot 0 of the one-slot array `name`, a flag the programs read.
+    fn flag(&mut self, name: &str) -> Option<u32> {
+        let flag: Array<_, u32> = Array::try_from(self.ebpf.map_mut(name)?).ok()?;
+        flag.get(&0, 0).ok()
+    }
+
     pub(super) fn set_flag(&mut self, name: &str, v: u32) -> Result<()> {
         let map = self
             .ebpf
@@ -391,6 +396,11 @@ impl Probes {
     /// Clears the programs' "someone is dying" hint once nobody is, so the scheduler hooks
     /// cost one array read; sets it again if a process started dying meanwhile.
     pub fn refresh_dying_hint(&mut self) {
+        // Clear already: nothing to look at (walking the empty hash map costs a scan of all
+        // its buckets, every tick).
+        if self.flag("DYING_HINT") == Some(0) {
+            return;
+        }
         let empty = |p: &mut Self| -> Option<bool> {
             let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
             Some(dying.keys().next().is_none())

@@ -8,13 +8,19 @@ use serde_json::ser::{Formatter, Serializer};
 use crate::escape;
 
 pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> io::Result<()> {
+    append_line(out, value)?;
+    out.flush()
+}
+
+/// One line, not flushed: a writer of many lines flushes once after them.
+pub fn append_line(out: &mut impl Write, value: &impl Serialize) -> io::Result<()> {
     // One write per line: the serializer's many small writes go to memory, not through `out`
-    // (stdout's line buffering scans each of them for a newline).
+    // (stdout's line buffering scans each of them for a newline; the incident log takes
+    // whole lines).
     let mut line = Vec::with_capacity(2048);
     to_writer(&mut line, value)?;
     line.push(b'\n');
-    out.write_all(&line)?;
-    out.flush()
+    out.write_all(&line)
 }
 
 /// `serde_json::to_writer` that also writes DEL, C1 controls and invisible characters as
@@ -34,6 +40,11 @@ impl Formatter for Visible {
         writer: &mut W,
         fragment: &str,
     ) -> io::Result<()> {
+        // Keys, numbers' neighbours and most values are printable ASCII: one pass over the
+        // bytes instead of a char-by-char search (the live output's hottest loop).
+        if fragment.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return writer.write_all(fragment.as_bytes());
+        }
         let mut start = 0;
         for (at, c) in fragment
             .char_indices()

@@ -42,6 +42,19 @@ impl<T: Tap> Tap for Option<T> {
     }
 }
 
+/// Where the stream goes: each event, then word that a batch of them is done (what the sink
+/// buffered can be written out then).
+pub trait Sink {
+    fn event(&mut self, e: &Event) -> ControlFlow<()>;
+    fn batch_done(&mut self) {}
+}
+
+impl<F: FnMut(&Event) -> ControlFlow<()>> Sink for F {
+    fn event(&mut self, e: &Event) -> ControlFlow<()> {
+        self(e)
+    }
+}
+
 /// Feeds every event to `sink` until it breaks, `duration` passes, or SIGINT/SIGTERM arrive.
 pub async fn run(
     source: KernelSource,
@@ -59,7 +72,7 @@ pub async fn run_tapped(
     duration: Option<Duration>,
     tap: &mut impl Tap,
     ready: impl FnOnce(),
-    mut sink: impl FnMut(&Event) -> ControlFlow<()>,
+    mut sink: impl Sink,
 ) -> std::io::Result<KernelSource> {
     let mut ticker = interval(TICK);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -112,10 +125,11 @@ pub async fn run_tapped(
             }
         }
         for event in batch.drain(..) {
-            if sink(&event).is_break() {
+            if sink.event(&event).is_break() {
                 return Ok(source);
             }
         }
+        sink.batch_done();
         // Stack sampling costs every CPU an interrupt per sample: only while someone dies.
         if let Some(gpu) = gpu.as_deref_mut() {
             if let Some(pids) = gpu.take_search() {
@@ -132,10 +146,11 @@ pub async fn run_tapped(
         push(&mut batch, tap, loss);
     }
     for event in batch.drain(..) {
-        if sink(&event).is_break() {
+        if sink.event(&event).is_break() {
             break;
         }
     }
+    sink.batch_done();
     Ok(source)
 }
 
