@@ -104,6 +104,10 @@ pub struct Config {
     /// The stand-in GPU device: a node for /dev/full, made if missing.
     #[arg(long)]
     gpu_device: Option<PathBuf>,
+    /// Runs the workload on CPU 0 and the tracer on the others: what the tracer costs the
+    /// workload where a core is free for it (as on a GPU node), apart from sharing CPUs.
+    #[arg(long)]
+    pin: bool,
 }
 
 fn parse_args() -> Result<Config> {
@@ -128,6 +132,9 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&config.tracer.out_dir)?;
     // The process is single-threaded: the workload and the tracer it starts inherit it.
     config.nice.apply()?;
+    if config.pin {
+        tracer::pin_workload()?;
+    }
     if let Some(device) = &config.gpu_device {
         stand_in_device(device)?;
     }
@@ -187,6 +194,7 @@ fn main() -> Result<()> {
         "cpus": thread::available_parallelism().map_or(1, |n| n.get()),
         "kills_per_run": if config.workload.kills() { config.iterations } else { 0 },
         "parts": config.workload.parts(),
+        "pinned": config.pin,
         "variants": config.variants.iter().map(Variant::label).collect::<Vec<_>>(),
         "check": check,
         "rounds": rounds,
@@ -320,6 +328,7 @@ fn traced_run(
         &live_args,
         &out_path,
         accounting,
+        config.pin,
         |pid| {
             storm.set_tracer(Some(pid));
             let run = storm.measured(config.iterations);

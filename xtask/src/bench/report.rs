@@ -159,8 +159,9 @@ roughly, the wake-ups and CPU per iteration better):
     );
     for m in storms {
         let r = Rounds::new(m)?;
-        let Some(&(name, ratio, cpu, wakeups)) =
-            PREVIOUS_STORMS.iter().find(|p| p.0 == r.workload())
+        let Some(&(name, ratio, cpu, wakeups)) = PREVIOUS_STORMS
+            .iter()
+            .find(|p| p.0 == r.workload() && !r.pinned())
         else {
             continue;
         };

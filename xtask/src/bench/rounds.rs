@@ -44,11 +44,29 @@ impl<'a> Rounds<'a> {
         self.data["workload"].as_str().unwrap_or("?")
     }
 
+    /// Whether the storm ran with `--pin` (workload on CPU 0, tracer on the others).
+    pub fn pinned(&self) -> bool {
+        self.data["pinned"].as_bool().unwrap_or(false)
+    }
+
+    /// The workload's name, and `pinned` when it was.
+    pub fn label(&self) -> String {
+        if self.pinned() {
+            format!("{}, pinned", self.workload())
+        } else {
+            self.workload().to_string()
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.rounds.len()
     }
 
     /// Checks that the variants are these, in this order (`base`, `live ARGS`...).
+    pub fn variants(&self) -> &[String] {
+        &self.variants
+    }
+
     pub fn expect(self, variants: &[&str]) -> Result<Self> {
         if self.variants != variants {
             bail!(

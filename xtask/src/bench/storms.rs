@@ -11,6 +11,12 @@ use super::{
     Measured, Plan, STORM_TARGET,
 };
 
+/// The variants of every storm, in the order each round starts them: the second baseline
+/// measures the noise.
+pub const VARIANTS: [&str; 3] = ["base", "live", "base"];
+/// A fourth variant of the kill-exec storm: the same hooks with programs that only count.
+pub const SAME_HOOKS: &str = "cmd bpftrace scripts/bench/same-hooks.bt";
+
 pub fn section(
     md: &mut String,
     plan: &Plan,
@@ -21,8 +27,12 @@ pub fn section(
     let _ = writeln!(
         md,
         "Each run repeats one workload in a loop from a single-threaded process, timed by wall \
-         clock; {} pairs of runs (one baseline, one traced) per workload, after one untimed \
-         warm-up run. The workloads:\n",
+         clock; {} rounds per workload, after one untimed warm-up run, each round running a \
+         baseline, a traced run and a second baseline (the *no-tracer band*: second baseline / \
+         first, what the machine's noise alone makes of a ratio), in rotating order. `kill-exec` \
+         also runs beside `{SAME_HOOKS}`: bpftrace on the hooks linger attaches here, each \
+         program only counting (the cost of the hooks themselves, whoever traces). The \
+         workloads:\n",
         plan.storm_rounds
     );
     let _ = writeln!(
@@ -36,15 +46,27 @@ pub fn section(
         "- `kill-exec`: spawn `/bin/sleep 60` (fork and exec), SIGKILL it, waitpid() it.\n\
          - `spawn-true`: spawn `/bin/true` and wait for it: fork, exec and exit, no signal and \
          no incident (the tracer still records every fork, exec and process exit). Nothing in \
-         the output shows that it traced this one, beyond the CPU time `linger live` spent.\n\n",
+         the output shows that it traced this one, beyond the CPU time `linger live` spent.\n\
+         - `kill-exec, pinned`: `kill-exec` with the workload (and the children it spawns) on \
+         CPU 0 and `linger live` on the other CPUs, moved there once attached. On a 2-CPU \
+         machine the unpinned storm also measures two processes sharing two CPUs: the kernel \
+         places each new child, and the collector's wake-ups, wherever a CPU looks free. Pinned, \
+         what is left is what the tracer costs the workload where a core is free for it, as on \
+         a GPU node with dozens (its programs in the workload's path, and whatever the \
+         collector's work on the other CPU costs through shared caches). It is not a target.\n\n",
     );
     md.push_str(TABLE_HEAD);
     let mut per_pair = String::new();
     for m in storms {
-        let r = Rounds::new(m)?.expect(&["base", "live"])?;
+        let r = Rounds::new(m)?;
+        let r = if r.variants().len() == VARIANTS.len() {
+            r.expect(&VARIANTS)?
+        } else {
+            r.expect(&[VARIANTS.as_slice(), &[SAME_HOOKS]].concat())?
+        };
         let row = Row::new(&r)?;
         md.push_str(&row.markdown);
-        let _ = writeln!(per_pair, "- `{}`: {}", r.workload(), pairs(&r)?);
+        let _ = writeln!(per_pair, "- `{}`: {}", r.label(), pairs(&r)?);
         let others = r.disturbed();
         if others > 0 {
             let _ = writeln!(
@@ -52,6 +74,10 @@ pub fn section(
                 "  ({others} of these pairs ran while another `linger live` was running on the \
                  machine, which traced their baseline too)"
             );
+        }
+        if r.pinned() {
+            // Where the cost comes from, not what a user of this machine sees: no target.
+            continue;
         }
         targets.push(Target {
             what: format!(
@@ -80,10 +106,11 @@ pub fn section(
 }
 
 pub const TABLE_HEAD: &str = "| Workload | Iterations per run | Baseline, µs per iteration | \
-Traced, µs per iteration | Slowdown (median) | Spread (min – max) | `linger live` CPU, µs per \
-iteration (% of one core) | `linger live` wake-ups per iteration | Machine busy, baseline / \
-traced | Incidents per traced run | Dropped records |\n\
-|---|---|---|---|---|---|---|---|---|---|---|\n";
+Traced, µs per iteration | Slowdown (median) | Spread (min – max) | No-tracer band (median; \
+min – max) | Same hooks in bpftrace (median) | `linger live` CPU, µs per iteration (% of one \
+core) | `linger live` wake-ups per iteration | Machine busy, baseline / traced | Incidents per \
+traced run | Dropped records |\n\
+|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// What the storm tables' columns mean, and the list of pairs that follows.
 pub fn footnote(cpus: f64) -> String {
@@ -92,8 +119,9 @@ pub fn footnote(cpus: f64) -> String {
          share of all CPUs busy during a run (/proc/stat), whoever used them; the workload \
          alone keeps about one of the {cpus} CPUs busy, so a baseline figure well above {:.0} % \
          means other jobs were competing. *Wake-ups*: voluntary context switches of `linger \
-         live`. Every pair, in run order (A baseline, B traced), with the machine busy during \
-         its baseline / traced run:\n",
+         live`. Every round's slowdown, with the order its runs went in (A baseline, B traced, C \
+         the second baseline, D bpftrace) and the machine busy during its baseline / traced \
+         run:\n",
         100.0 / cpus
     )
 }
@@ -111,6 +139,11 @@ impl Row {
         let base = r.part_summary(0, 0)?;
         let traced = r.part_summary(1, 0)?;
         let ratio = r.ratio_summary(1, 0)?;
+        let band = r.ratio_summary(2, 0)?;
+        let same_hooks = match r.variants().len() > VARIANTS.len() {
+            true => format!("{:.3}", r.ratio_summary(3, 0)?.median),
+            false => "–".to_string(),
+        };
         let cpu = r.field_summary(1, "linger_cpu_s")?;
         let walls = r.field(1, "wall_s")?;
         let cpus = r.field(1, "linger_cpu_s")?;
@@ -123,14 +156,18 @@ impl Row {
         let losses = r.field_summary(1, "losses")?;
         let kills = super::report::num(r.data, "kills_per_run")?;
         let markdown = format!(
-            "| `{}` | {iterations} | {:.1} | {:.1} | **{:.3}** | {:.3} – {:.3} | {:.1} ({:.0} %) \
-             | {:.1} | {:.0} % / {:.0} % | {} (kills: {kills}) | {} |\n",
-            r.workload(),
+            "| `{}` | {iterations} | {:.1} | {:.1} | **{:.3}** | {:.3} – {:.3} | {:.3}; {:.3} – \
+             {:.3} | {same_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \
+             {kills}) | {} |\n",
+            r.label(),
             us(base.median),
             us(traced.median),
             ratio.median,
             ratio.min,
             ratio.max,
+            band.median,
+            band.min,
+            band.max,
             us(cpu.median),
             share.median * 100.0,
             wakeups.median / iterations,

@@ -13,8 +13,9 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use nix::{
+    sched::{sched_setaffinity, CpuSet},
     sys::signal::{kill, Signal},
-    unistd::Pid,
+    unistd::{sysconf, Pid, SysconfVar},
 };
 use serde_json::Value;
 
@@ -33,13 +34,47 @@ pub struct Traced {
     pub perf_events: usize,
 }
 
+/// Keeps this process, and the workload it starts, on CPU 0.
+pub fn pin_workload() -> Result<()> {
+    let mut cpus = CpuSet::new();
+    cpus.set(0)?;
+    sched_setaffinity(Pid::from_raw(0), &cpus).context("pinning the workload to CPU 0")
+}
+
+/// Every CPU but 0, for the tracer beside a pinned workload.
+fn tracer_cpus() -> Result<CpuSet> {
+    // The machine's CPUs: this process's own affinity is CPU 0 alone by now.
+    let n = sysconf(SysconfVar::_NPROCESSORS_ONLN)?.unwrap_or(1) as usize;
+    ensure!(n >= 2, "--pin needs a second CPU for the tracer");
+    let mut cpus = CpuSet::new();
+    for cpu in 1..n.min(CpuSet::count()) {
+        cpus.set(cpu)?;
+    }
+    Ok(cpus)
+}
+
+/// Moves every thread of the tracer off CPU 0 (threads it starts later inherit that).
+fn pin_tracer(pid: u32) -> Result<()> {
+    let cpus = tracer_cpus()?;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = task?.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        sched_setaffinity(Pid::from_raw(tid), &cpus)
+            .with_context(|| format!("moving linger's thread {tid} off CPU 0"))?;
+    }
+    Ok(())
+}
+
 /// Runs `work` (given the tracer's pid) while `linger live --json ARGS` writes to `out_path`;
-/// with `accounting`, the kernel counts the time spent in linger's programs meanwhile.
+/// with `accounting`, the kernel counts the time spent in linger's programs meanwhile; with
+/// `pin`, linger runs off the workload's CPU 0 once attached.
 pub fn run_under(
     linger: &Path,
     args: &[String],
     out_path: &Path,
     accounting: bool,
+    pin: bool,
     work: impl FnOnce(u32) -> Result<Run>,
 ) -> Result<Traced> {
     let out = File::create(out_path).with_context(|| format!("creating {}", out_path.display()))?;
@@ -53,6 +88,9 @@ pub fn run_under(
     let mut stderr = BufReader::new(child.stderr.take().context("linger stderr")?);
     wait_ready(&mut child, &mut stderr)?;
     let pid = child.id();
+    if pin {
+        pin_tracer(pid)?;
+    }
     let before = Usage::of(pid)?;
     let switch = accounting.then(Accounting::on).transpose()?;
     let run = work(pid);
