@@ -1,7 +1,7 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
-//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Four passes of
-//! the same suite in the default mode, whose timing differed, are all checked, and one with
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Eight passes of
+//! the same suite in the default mode, whose timing differed, are all checked, and three with
 //! `--lean`, which sees no system call and must still give the same answers.
 
 use std::{
@@ -15,8 +15,10 @@ use serde_json::Value;
 
 /// Release times must match the independent poll this closely.
 const WITHIN_NS: u64 = 2_000_000;
-/// A parent whose memory others hold is reported this soon after its death.
+/// A parent whose memory others hold is reported this soon after its death...
 const AT_ONCE_NS: u64 = 100_000_000;
+/// ... or this soon after the first NVML reading that shows it gone (a tick and a little).
+const AFTER_READING_NS: u64 = 25_000_000;
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
@@ -25,8 +27,8 @@ fn linger() -> String {
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
-        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "lean", "lean2", "lean3",
-        "xid",
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "lean", "lean2",
+        "lean3", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
@@ -105,6 +107,21 @@ impl Scenario {
         out
     }
 
+    /// When NVML's process list first left `pid` out after `after_ns`.
+    fn first_reading_without(&self, pid: u64, after_ns: u64) -> Option<u64> {
+        self.lines.iter().find_map(|l| {
+            let e = &l["event"];
+            let at = e["ts_ns"].as_u64()?;
+            let gpus = e["data"]["gpus"].as_array()?;
+            let listed = gpus.iter().any(|g| {
+                g["processes"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["pid"] == pid))
+            });
+            (e["data"]["kind"] == "nvml" && at > after_ns && !listed).then_some(at)
+        })
+    }
+
     /// The last record about `pid`: its final state.
     fn last(&self, pid: u64) -> &Value {
         self.records(pid)
@@ -136,6 +153,25 @@ fn close(name: &str, what: &str, linger: u64, truth: u64) {
     );
 }
 
+/// A teardown this long after the group's death is `slow_teardown` (docs/incident-json.md).
+const SLOW_TEARDOWN_NS: u64 = 1_000_000_000;
+
+/// The verdicts the poll allows: what the suite expects, except that memory the poll saw back
+/// more than a second after the group died (without another holder) came back slowly; within
+/// the poll's precision of that second, either.
+fn verdicts_by_poll<'a>(s: &'a Scenario, inc: &Value) -> Vec<&'a str> {
+    let want = s.expect("verdict").as_str().expect("expected verdict");
+    if want != "released" {
+        return vec![want];
+    }
+    let took = ns(s.victim(), "/t_back_ns").saturating_sub(ns(inc, "/t_group_dead_ns"));
+    match took {
+        t if t + WITHIN_NS < SLOW_TEARDOWN_NS => vec!["released"],
+        t if t > SLOW_TEARDOWN_NS + WITHIN_NS => vec!["slow_teardown"],
+        _ => vec!["released", "slow_teardown"],
+    }
+}
+
 /// Verdict, mode, holders and release time of every scenario but the storm.
 #[test]
 fn every_scenario_gets_the_verdict_mode_holders_and_release_time_of_the_poll() {
@@ -145,10 +181,11 @@ fn every_scenario_gets_the_verdict_mode_holders_and_release_time_of_the_poll() {
             let inc = s.last(pid);
             let name = format!("{}/{}", dir.display(), s.name);
             assert_eq!(inc["schema"], 2, "{name}");
-            assert_eq!(
-                inc["verdict"]["kind"],
-                *s.expect("verdict"),
-                "{name}: {inc}"
+            let verdicts = verdicts_by_poll(s, inc);
+            assert!(
+                verdicts.contains(&inc["verdict"]["kind"].as_str().unwrap_or("")),
+                "{name}: verdict {} where the poll says {verdicts:?}: {inc}",
+                inc["verdict"]["kind"]
             );
             assert_eq!(
                 inc["termination"]["mode"],
@@ -280,10 +317,15 @@ fn memory_held_by_others_is_reported_at_once_and_updated_when_back() {
             );
             assert_eq!(first["verdict"]["kind"], *s.expect("verdict"), "{name}");
             let dead = ns(first, "/t_group_dead_ns");
+            // At once: soon after the death, or, when NVML's readings stall while the driver
+            // tears the victim down, soon after the first one that no longer lists it.
+            let evidence = s.first_reading_without(pid, dead).unwrap_or(dead);
             assert!(
-                printed - dead <= AT_ONCE_NS,
-                "{name}: {} ms",
-                (printed - dead) / 1_000_000
+                printed - dead <= AT_ONCE_NS
+                    || printed.saturating_sub(evidence) <= AFTER_READING_NS,
+                "{name}: {} ms after the death, {} ms after the first reading without it",
+                (printed - dead) / 1_000_000,
+                printed.saturating_sub(evidence) / 1_000_000
             );
             let (_, last) = records.last().expect("records");
             assert_eq!(last["type"], "incident_update", "{name}");

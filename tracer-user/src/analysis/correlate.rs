@@ -989,8 +989,9 @@ impl Correlator {
     }
 
     /// Whether a dead case's memory needs no more watching: it is back, and the holders'
-    /// own releases (which follow NVML's reading by a millisecond or so) are known, or a while
-    /// has passed.
+    /// own releases (which follow NVML's reading by a millisecond or so) are known, and so is
+    /// the victim's own end (its zombie: the memory can come back before the rest of its exit,
+    /// such as unpinning host memory, is done), or a while has passed.
     fn settled(&self, id: u64) -> bool {
         let Some(c) = self.cases.get(&id) else {
             return true;
@@ -1005,7 +1006,8 @@ impl Correlator {
             return false;
         };
         let known = c.holder_gone.values().all(Option::is_some);
-        known || self.now_ns.saturating_sub(back) >= HELD_REPORT_NS
+        let ended = c.inc.t_zombie_ns.is_some() || c.inc.t_reaped_ns.is_some();
+        (known && ended) || self.now_ns.saturating_sub(back) >= HELD_REPORT_NS
     }
 
     /// Whether other teardowns on the same GPU are under way or just done: NVML's readings
