@@ -1,6 +1,6 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
-//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Eight passes of
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Nine passes of
 //! the same suite in the default mode, whose timing differed, are all checked, and three with
 //! `--lean`, which sees no system call and must still give the same answers.
 
@@ -27,8 +27,8 @@ fn linger() -> String {
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
-        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "lean", "lean2",
-        "lean3", "xid",
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "lean",
+        "lean2", "lean3", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
