@@ -1,6 +1,6 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
-//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Nine passes of
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Ten passes of
 //! the same suite in the default mode, whose timing differed, are all checked, and three with
 //! `--lean`, which sees no system call and must still give the same answers.
 
@@ -27,8 +27,8 @@ fn linger() -> String {
 fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
-        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "lean",
-        "lean2", "lean3", "xid",
+        "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "pass10",
+        "lean", "lean2", "lean3", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
@@ -365,8 +365,10 @@ fn a_kill_storm_reports_each_release_and_the_devices_return() {
     }
 }
 
-/// One GPU here: every victim's memory is one part, on GPU0, with the sums' figures, and its
-/// /dev/nvidia0 descriptors (the minor from NVML since pass7; before, a one-GPU machine's).
+/// One GPU here: every victim's memory is one part, on GPU0, with the sums' figures, its
+/// /dev/nvidia0 descriptors (the minor from NVML since pass7; before, a one-GPU machine's),
+/// and all of its ledger, on the driver's device instance 0 (decoded since pass10; before,
+/// recorded as 0).
 #[test]
 fn each_victims_memory_is_one_part_on_gpu0() {
     const NVIDIA0: u64 = 195 << 20;
@@ -408,6 +410,10 @@ fn each_victims_memory_is_one_part_on_gpu0() {
                     .collect();
                 assert!(!fds.is_empty(), "{}: {p}", s.name);
                 assert_eq!(fds, on_nvidia0, "{}: {p}", s.name);
+                if gpu["bytes_ledger"].as_u64().unwrap_or(0) > 0 {
+                    assert_eq!(p["bytes_ledger"], gpu["bytes_ledger"], "{}: {p}", s.name);
+                    assert_eq!(p["device_instance"], 0, "{}: {p}", s.name);
+                }
                 checked += 1;
             }
         }

@@ -32,9 +32,37 @@ pub const NVOS64_SIZE: u32 = 48;
 /// NV_MEMORY_ALLOCATION_PARAMS.size.
 pub const MEMORY_ALLOCATION_SIZE_OFFSET: u64 = 64;
 
+/// Where NVOS21 and NVOS64 keep `pAllocParms`, and NVOS54 (RM_CONTROL) its `params`.
+pub const PARAMS_POINTER_OFFSET: u64 = 16;
+
+/// NV0000_CTRL_CMD_GPU_GET_ID_INFO and its V2: `{gpuId, gpuFlags, deviceInstance, ...}` in
+/// both, the driver filling in the device instance of the GPU the caller named.
+pub const CTRL_GPU_GET_ID_INFO: [u32; 2] = [0x202, 0x205];
+pub const ID_INFO_DEVICE_INSTANCE_OFFSET: u64 = 8;
+
+/// `size` of a GET_ID_INFO control: the gpu id above the device instance.
+pub const fn id_info_size(gpu_id: u32, device_instance: u32) -> u64 {
+    (gpu_id as u64) << 32 | device_instance as u64
+}
+
+/// The (gpu id, device instance) a GET_ID_INFO control's `size` carries.
+pub const fn id_info_of(size: u64) -> (u32, u32) {
+    ((size >> 32) as u32, size as u32)
+}
+
+/// The PCI (domain, bus, device) an RM gpu id encodes: `(domain & 0xffff) << 16 | bus << 8 |
+/// device` (the RM's gpuGenerate32BitId).
+pub const fn gpu_id_pci(gpu_id: u32) -> (u32, u32, u32) {
+    (gpu_id >> 16, (gpu_id >> 8) & 0xff, gpu_id & 0xff)
+}
+
 pub const NV01_ROOT: u32 = 0x0;
 pub const NV01_ROOT_NON_PRIV: u32 = 0x1;
 pub const NV01_ROOT_CLIENT: u32 = 0x41;
+/// A GPU (NV0080_ALLOC_PARAMETERS begins with its device instance), and a GPU of it
+/// (NV20_SUBDEVICE_0): the objects below them are that GPU's.
+pub const NV01_DEVICE_0: u32 = 0x80;
+pub const NV20_SUBDEVICE_0: u32 = 0x2080;
 pub const NV01_MEMORY_SYSTEM: u32 = 0x3E;
 /// System memory described by the caller (RM_ALLOC_MEMORY of a user buffer).
 pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;

@@ -188,7 +188,9 @@ wire_struct! {
         /// RM_CONTROL's command; for RM_DUP_OBJECT the source client (hClientSrc).
         ctrl_cmd: u32 = 52,
         /// Bytes: NV_MEMORY_ALLOCATION_PARAMS.size for memory classes, limit + 1 for
-        /// RM_ALLOC_MEMORY, the length for RM_MAP_MEMORY.
+        /// RM_ALLOC_MEMORY, the length for RM_MAP_MEMORY. For an RM_ALLOC of NV01_DEVICE_0
+        /// the device instance; for a GET_ID_INFO control the gpu id above the device
+        /// instance (`driver::id_info_size`).
         size: u64 = 56,
     }
     size 64

@@ -5,9 +5,11 @@
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
 use tracer_common::{
     driver::{
-        has_memory_allocation_params, ioc_nr, ioc_size, ioc_type, IOCTL_XFER_CMD,
-        MEMORY_ALLOCATION_SIZE_OFFSET, NVIDIA_MAJOR, NVOS21_SIZE, NVOS64_SIZE, NV_IOCTL_MAGIC,
-        RM_ALLOC, RM_ALLOC_MEMORY, RM_CONTROL, RM_DUP_OBJECT, RM_FREE, RM_MAP_MEMORY, RM_SHARE,
+        has_memory_allocation_params, id_info_size, ioc_nr, ioc_size, ioc_type,
+        CTRL_GPU_GET_ID_INFO, ID_INFO_DEVICE_INSTANCE_OFFSET, IOCTL_XFER_CMD,
+        MEMORY_ALLOCATION_SIZE_OFFSET, NV01_DEVICE_0, NVIDIA_MAJOR, NVOS21_SIZE, NVOS64_SIZE,
+        NV_IOCTL_MAGIC, PARAMS_POINTER_OFFSET, RM_ALLOC, RM_ALLOC_MEMORY, RM_CONTROL,
+        RM_DUP_OBJECT, RM_FREE, RM_MAP_MEMORY, RM_SHARE,
     },
     GpuIoctl,
 };
@@ -72,10 +74,13 @@ pub fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
             (e.h_root, e.h_parent, e.h_object, e.h_class) = (root, parent, object, class);
             let status_at = if size == NVOS64_SIZE { 40 } else { 28 };
             e.status = user::<u32>(params + status_at);
-            if has_memory_allocation_params(class) {
-                let alloc_params = user::<u64>(params + 16);
-                if alloc_params != 0 {
+            let alloc_params = user::<u64>(params + PARAMS_POINTER_OFFSET);
+            if alloc_params != 0 {
+                if has_memory_allocation_params(class) {
                     e.size = user::<u64>(alloc_params + MEMORY_ALLOCATION_SIZE_OFFSET);
+                } else if class == NV01_DEVICE_0 {
+                    // Which GPU the objects below it are on.
+                    e.size = user::<u32>(alloc_params) as u64;
                 }
             }
         }
@@ -96,6 +101,14 @@ pub fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
             let [client, object, ctrl] = user::<[u32; 3]>(params);
             (e.h_root, e.h_object, e.ctrl_cmd) = (client, object, ctrl);
             e.status = user::<u32>(params + 28);
+            if e.status == 0 && (ctrl == CTRL_GPU_GET_ID_INFO[0] || ctrl == CTRL_GPU_GET_ID_INFO[1])
+            {
+                // The driver's word on which GPU a device instance is.
+                let info = user::<u64>(params + PARAMS_POINTER_OFFSET);
+                let gpu_id = user::<u32>(info);
+                let instance = user::<u32>(info + ID_INFO_DEVICE_INSTANCE_OFFSET);
+                e.size = id_info_size(gpu_id, instance);
+            }
         }
         RM_MAP_MEMORY => {
             // NVOS33: hClient, hDevice, hMemory, offset@16, length@24, pLinearAddress@32,

@@ -1,6 +1,8 @@
 //! The GPU process of the VM's driver-hooks scenario (`cargo xtask vm`): opens the stand-in
-//! driver's devices as CUDA does (close-on-exec), creates an RM client and allocates video
-//! memory through RM_ALLOC ioctls, has the stand-in report a GPU error (Xid 31) naming it, forks
+//! driver's devices as CUDA does (close-on-exec), creates an RM client, asks which device
+//! instance two GPUs are (GET_ID_INFO: the stand-in leaves the answer the caller wrote, as if
+//! the driver had), allocates the second GPU's device object and video memory below it
+//! through RM_ALLOC ioctls, has the stand-in report a GPU error (Xid 31) naming it, forks
 //! a child that keeps the descriptors, writes "held CHILD_PID" to READY_FILE, and sleeps until
 //! killed (the child too).
 //!
@@ -19,17 +21,33 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 use tracer_common::driver::{
-    MEMORY_ALLOCATION_SIZE_OFFSET, NV01_MEMORY_LOCAL_USER, NV01_ROOT_CLIENT, NVOS21_SIZE,
-    NV_IOCTL_MAGIC, RM_ALLOC,
+    CTRL_GPU_GET_ID_INFO, MEMORY_ALLOCATION_SIZE_OFFSET, NV01_DEVICE_0, NV01_MEMORY_LOCAL_USER,
+    NV01_ROOT_CLIENT, NVOS21_SIZE, NV_IOCTL_MAGIC, RM_ALLOC, RM_CONTROL,
 };
 
 /// The stand-in driver's command that reports an MMU fault (Xid 31) naming the caller:
 /// _IO('X', 31).
 const STANDIN_FAULT: libc::c_ulong = (b'X' as libc::c_ulong) << 8 | 31;
 
-/// The client and memory handles, as a CUDA process's would look.
+/// The client, device and memory handles, as a CUDA process's would look.
 const CLIENT: u32 = 0xc1d0_0001;
+const DEVICE: u32 = 0xcaf0_0001;
 const MEMORY: u32 = 0xcaf0_0002;
+/// The RM gpu ids (PCI domain 0, bus 4 and 5) of device instances 0 and 1 (xtask's check).
+const GPU_IDS: [u32; 2] = [0x0400, 0x0500];
+
+/// NVOS54_PARAMETERS (RM_CONTROL): hClient, hObject, cmd, flags, params, paramsSize, status.
+#[repr(C)]
+#[derive(Default)]
+struct Nvos54 {
+    client: u32,
+    object: u32,
+    cmd: u32,
+    flags: u32,
+    params: u64,
+    params_size: u32,
+    status: u32,
+}
 
 /// NVOS21_PARAMETERS: hRoot, hObjectParent, hObjectNew, hClass, pAllocParms, paramsSize,
 /// status.
@@ -54,6 +72,20 @@ fn main() -> Result<()> {
     let gpu = open(nvidia)?;
     let _uvm = open(uvm)?;
     rm_alloc(&gpu, CLIENT, 0, CLIENT, NV01_ROOT_CLIENT, None)?;
+    for (instance, gpu_id) in GPU_IDS.into_iter().enumerate() {
+        get_id_info(&gpu, gpu_id, instance as u32)?;
+    }
+    // NV0080_ALLOC_PARAMETERS begins with the device instance: the second GPU.
+    let mut device = [0u8; 64];
+    device[..4].copy_from_slice(&1u32.to_ne_bytes());
+    rm_alloc(
+        &gpu,
+        CLIENT,
+        CLIENT,
+        DEVICE,
+        NV01_DEVICE_0,
+        Some(&mut device),
+    )?;
     // NV_MEMORY_ALLOCATION_PARAMS, zeroed but for its size.
     let mut params = [0u8; 128];
     let at = MEMORY_ALLOCATION_SIZE_OFFSET as usize;
@@ -61,7 +93,7 @@ fn main() -> Result<()> {
     rm_alloc(
         &gpu,
         CLIENT,
-        CLIENT,
+        DEVICE,
         MEMORY,
         NV01_MEMORY_LOCAL_USER,
         Some(&mut params),
@@ -89,6 +121,34 @@ fn open(path: &str) -> Result<File> {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .with_context(|| format!("opening {path}"))
+}
+
+/// NV0000_CTRL_CMD_GPU_GET_ID_INFO for `gpu_id`, with the answer already in place:
+/// `{gpuId, gpuFlags, deviceInstance, ...}`.
+fn get_id_info(gpu: &File, gpu_id: u32, instance: u32) -> Result<()> {
+    let mut info = [0u32; 12];
+    (info[0], info[2]) = (gpu_id, instance);
+    let mut p = Nvos54 {
+        client: CLIENT,
+        object: CLIENT,
+        cmd: CTRL_GPU_GET_ID_INFO[0],
+        params: info.as_mut_ptr() as u64,
+        params_size: std::mem::size_of_val(&info) as u32,
+        ..Default::default()
+    };
+    // _IOWR('F', NV_ESC_RM_CONTROL, NVOS54_PARAMETERS).
+    let cmd = 3 << 30
+        | (std::mem::size_of::<Nvos54>() as libc::c_ulong) << 16
+        | (NV_IOCTL_MAGIC << 8 | RM_CONTROL) as libc::c_ulong;
+    // SAFETY: `p` and `info` outlive the call; the stand-in reads nothing.
+    let rc = unsafe { libc::ioctl(gpu.as_raw_fd(), cmd, &mut p as *mut Nvos54) };
+    ensure!(
+        rc == 0 && p.status == 0,
+        "GET_ID_INFO: {rc} (status {:#x}): {}",
+        p.status,
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }
 
 fn rm_alloc(

@@ -16,7 +16,7 @@ use super::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
         ThreadExit,
     },
-    ledger::Ledger,
+    ledger::{Ledger, LedgerPart},
     losses::LossLog,
     memory::{Change, MemoryBook, Role, Watch},
     notice::SignalNotice,
@@ -107,6 +107,8 @@ pub(super) struct Case {
     pub dead_tid: Option<u32>,
     /// GPU files it held when its group died.
     pub files: Vec<FileId>,
+    /// The video memory of those files' clients on each GPU, by the ledger, at the death.
+    pub ledger_parts: Vec<LedgerPart>,
     /// A GPU holder: its memory is watched.
     pub gpu: bool,
     /// End of the last exit-path `__fput` of one of its files (driver hooks).
@@ -396,6 +398,7 @@ impl Correlator {
             fd_holders: Vec::new(),
             owner: None,
             owns: false,
+            ledger_parts: Vec::new(),
             holder_gone: BTreeMap::new(),
             unaccounted: 0,
             reported: None,
@@ -524,6 +527,15 @@ impl Correlator {
                     gpu.ledger = self.ledger.bytes(&files);
                     gpu.bytes_ledger = gpu.ledger.video;
                     gpu.classes = self.ledger.classes(&files);
+                    let infos = self.xids.gpus();
+                    // The only GPU there is, by NVML's names, or its readings in a trace
+                    // recorded before linger named GPUs.
+                    let only = match (infos, self.nvml.as_deref()) {
+                        ([one], _) => Some(one.index),
+                        ([], Some([one])) => Some(one.index),
+                        _ => None,
+                    };
+                    c.ledger_parts = self.ledger.parts(&files, infos, only);
                     c.unaccounted = references::unaccounted(&held, &self.holders, pid);
                     self.search_wanted |= c.unaccounted > 0;
                     gpu.files = held;
@@ -542,6 +554,12 @@ impl Correlator {
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
                 self.memory.start(id, pid, t_ns);
                 self.memory.died(id, t_ns, role);
+                let placed: BTreeMap<u32, u64> = self.cases[&id]
+                    .ledger_parts
+                    .iter()
+                    .filter_map(|p| Some((p.gpu?, p.bytes)))
+                    .collect();
+                self.memory.placed(id, placed);
                 // Who imported its objects must be asked before its clients are freed.
                 for i in self.ledger.imports_from(&files) {
                     self.memory.imported(id, i.importer, i.bytes, i.via);

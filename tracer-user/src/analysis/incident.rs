@@ -231,6 +231,11 @@ pub struct GpuPart {
     pub uuid: Option<String>,
     /// The minor number of its device file, `/dev/nvidiaN`.
     pub minor: Option<u32>,
+    /// The driver's device instance of this GPU (NV01_DEVICE_0), where the ledger saw the
+    /// target's objects below one.
+    pub device_instance: Option<u32>,
+    /// Video memory the ledger saw the target's clients hold on this GPU at its death.
+    pub bytes_ledger: Option<u64>,
     /// What the death was to give back on this GPU (0 when the memory is another's).
     pub share_bytes: u64,
     pub share_from: &'static str,

@@ -9,17 +9,18 @@
 //! (cuMem shareable handles, NCCL, PyTorch's expandable segments): memory such an importer
 //! holds outlives its exporter's files.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 use tracer_common::driver::{
-    self, NV01_MEMORY_LOCAL_PHYSICAL, NV01_MEMORY_LOCAL_PRIVILEGED, NV01_MEMORY_LOCAL_USER,
-    NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, NV01_ROOT, NV01_ROOT_CLIENT,
-    NV01_ROOT_NON_PRIV, NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
+    self, gpu_id_pci, id_info_of, CTRL_GPU_GET_ID_INFO, NV01_DEVICE_0, NV01_MEMORY_LOCAL_PHYSICAL,
+    NV01_MEMORY_LOCAL_PRIVILEGED, NV01_MEMORY_LOCAL_USER, NV01_MEMORY_SYSTEM,
+    NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, NV01_ROOT, NV01_ROOT_CLIENT, NV01_ROOT_NON_PRIV,
+    NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
 };
 
-use super::{holders::FileId, memory::ImportVia};
-use crate::event::{Event, EventData};
+use super::{gpu_errors, holders::FileId, memory::ImportVia};
+use crate::event::{Event, EventData, GpuInfo};
 
 /// NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD and the batch form EXPORT_OBJECTS_TO_FD.
 const CTRL_EXPORT_TO_FD: [u32; 2] = [0x3d05, 0x3d0b];
@@ -53,6 +54,8 @@ struct Object {
     parent: u32,
     class: u32,
     size: u64,
+    /// The device instance of the NV01_DEVICE_0 it is below (or is), where the ledger saw it.
+    device: Option<u32>,
 }
 
 /// Bytes by kind of memory.
@@ -74,6 +77,19 @@ pub struct ClassTotal {
     pub count: u64,
     pub bytes: u64,
     pub largest: u64,
+}
+
+/// Video memory the ledger saw on one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerPart {
+    /// The driver's device instance (NV01_DEVICE_0) it is below; None where the ledger did
+    /// not see that object made.
+    pub device_instance: Option<u32>,
+    /// NVML's index of that GPU, where known (see [`Ledger::parts`]).
+    pub gpu: Option<u32>,
+    /// Its PCI address, where the driver named the instance.
+    pub pci_bus_id: Option<String>,
+    pub bytes: u64,
 }
 
 /// An allocation the driver refused.
@@ -102,6 +118,9 @@ pub struct Ledger {
     fd_imports: Vec<(u32, u32, u64)>,
     /// Recent video memory allocations: (when, pid, bytes).
     recent: VecDeque<(u64, u32, u64)>,
+    /// Device instance → the RM's gpu id (PCI domain, bus, device), from GET_ID_INFO
+    /// controls: instances are the driver's, numbered as GPUs were initialised.
+    gpu_ids: HashMap<u32, u32>,
 }
 
 impl Ledger {
@@ -129,7 +148,7 @@ impl Ledger {
         match nr {
             driver::RM_ALLOC | driver::RM_ALLOC_MEMORY => {
                 if *status != 0 {
-                    if *size > 0 {
+                    if *size > 0 && *h_class != NV01_DEVICE_0 {
                         self.failed.push(FailedAlloc {
                             pid: e.pid,
                             t_ns: e.ts_ns,
@@ -140,12 +159,19 @@ impl Ledger {
                     }
                     return;
                 }
+                // A device object's `size` is its device instance.
+                let (size, device) = if *h_class == NV01_DEVICE_0 {
+                    (0, Some(*size as u32))
+                } else {
+                    let parent = self.objects.get(h_root).and_then(|o| o.get(h_parent));
+                    (*size, parent.and_then(|p| p.device))
+                };
                 if matches!(*h_class, NV01_ROOT | NV01_ROOT_NON_PRIV | NV01_ROOT_CLIENT) {
                     self.clients.insert(*h_object, *file);
                     self.creators.insert(*h_object, e.pid);
                 }
-                if is_video(*h_class) && *size > 0 {
-                    self.recent.push_back((e.ts_ns, e.pid, *size));
+                if is_video(*h_class) && size > 0 {
+                    self.recent.push_back((e.ts_ns, e.pid, size));
                     while self
                         .recent
                         .front()
@@ -160,7 +186,8 @@ impl Ledger {
                     Object {
                         parent: *h_parent,
                         class: *h_class,
-                        size: *size,
+                        size,
+                        device,
                     },
                 );
             }
@@ -178,7 +205,13 @@ impl Ledger {
             }
             driver::RM_CONTROL if *status == 0 => {
                 let ctrl = *ctrl_cmd & 0xffff;
-                if CTRL_EXPORT_TO_FD.contains(&ctrl) {
+                if CTRL_GPU_GET_ID_INFO.contains(ctrl_cmd) {
+                    // Traces recorded before the decode carry 0: no GPU's id.
+                    let (gpu_id, instance) = id_info_of(*size);
+                    if gpu_id != 0 {
+                        self.gpu_ids.insert(instance, gpu_id);
+                    }
+                } else if CTRL_EXPORT_TO_FD.contains(&ctrl) {
                     self.fd_exports.push((e.pid, *h_root, e.ts_ns));
                 } else if CTRL_IMPORT_FROM_FD.contains(&ctrl) {
                     self.fd_imports.push((e.pid, *h_root, e.ts_ns));
@@ -323,6 +356,46 @@ impl Ledger {
         b
     }
 
+    /// Live video memory of the clients created through `files`, by the device instance it
+    /// is on (None: below no device object the ledger saw).
+    fn video_by_device(&self, files: &[FileId]) -> BTreeMap<Option<u32>, u64> {
+        let mut by: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+        for o in self
+            .live_of(files)
+            .filter(|o| is_video(o.class) && o.size > 0)
+        {
+            *by.entry(o.device).or_default() += o.size;
+        }
+        by
+    }
+
+    /// Live video memory of the clients created through `files`, on each GPU. A device
+    /// instance is the GPU whose PCI address the driver gave as its gpu id in a GET_ID_INFO
+    /// control (CUDA asks at initialisation); without one, `only`, the only GPU there is.
+    /// Instances follow the order GPUs were initialised in, not NVML's order or the minor
+    /// numbers, so nothing else places them.
+    pub fn parts(&self, files: &[FileId], gpus: &[GpuInfo], only: Option<u32>) -> Vec<LedgerPart> {
+        self.video_by_device(files)
+            .into_iter()
+            .map(|(instance, bytes)| {
+                let pci = instance.and_then(|i| self.gpu_ids.get(&i)).map(|id| {
+                    let (domain, bus, device) = gpu_id_pci(*id);
+                    format!("{domain:04x}:{bus:02x}:{device:02x}.0")
+                });
+                let gpu = match &pci {
+                    Some(pci) if !gpus.is_empty() => gpu_errors::device(gpus, pci).map(|g| g.index),
+                    _ => only,
+                };
+                LedgerPart {
+                    device_instance: instance,
+                    gpu,
+                    pci_bus_id: pci,
+                    bytes,
+                }
+            })
+            .collect()
+    }
+
     /// Per memory class totals for `files`, largest first.
     pub fn classes(&self, files: &[FileId]) -> Vec<ClassTotal> {
         let mut by: HashMap<u32, ClassTotal> = HashMap::new();
@@ -383,5 +456,120 @@ pub fn status_name(status: u32) -> String {
     match status {
         driver::NV_ERR_NO_MEMORY => "NV_ERR_NO_MEMORY".into(),
         s => format!("{s:#x}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::driver::{id_info_size, NV20_SUBDEVICE_0};
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const FILE: FileId = 0xffff_8880_0000_1000;
+    const CLIENT: u32 = 0xc1d0_0001;
+
+    fn rm(ledger: &mut Ledger, cmd: u32, parent: u32, object: u32, class: u32, size: u64) {
+        ledger.on_event(&Event {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 10,
+            tid: 10,
+            data: EventData::GpuIoctl {
+                fd: 3,
+                cmd,
+                dev: 195 << 20 | 255,
+                ret: 0,
+                duration_ns: 0,
+                file: FILE,
+                h_root: CLIENT,
+                h_parent: parent,
+                h_object: object,
+                h_class: class,
+                status: 0,
+                ctrl_cmd: if cmd == driver::RM_CONTROL { class } else { 0 },
+                size,
+            },
+        });
+    }
+
+    fn gpu(index: u32, pci: &str) -> GpuInfo {
+        GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            model: "H200".into(),
+            pci_bus_id: pci.into(),
+            minor: Some(index),
+        }
+    }
+
+    /// Device instances follow the order GPUs were initialised in: here NVML's GPU1 is
+    /// instance 0. Memory below a device, or below its subdevice, is that GPU's.
+    #[test]
+    fn video_memory_is_placed_on_the_gpu_the_driver_named_its_device_instance_for() {
+        let mut l = Ledger::default();
+        let alloc = driver::RM_ALLOC;
+        rm(&mut l, alloc, 0, CLIENT, NV01_ROOT_CLIENT, 0);
+        // GET_ID_INFO: bus 0x3b is instance 0, bus 0x1b instance 1.
+        rm(
+            &mut l,
+            driver::RM_CONTROL,
+            0,
+            CLIENT,
+            0x202,
+            id_info_size(0x3b00, 0),
+        );
+        rm(
+            &mut l,
+            driver::RM_CONTROL,
+            0,
+            CLIENT,
+            0x205,
+            id_info_size(0x1b00, 1),
+        );
+        rm(&mut l, alloc, CLIENT, 0xd0, NV01_DEVICE_0, 1);
+        rm(&mut l, alloc, CLIENT, 0xd1, NV01_DEVICE_0, 0);
+        rm(&mut l, alloc, 0xd1, 0xe1, NV20_SUBDEVICE_0, 0);
+        rm(&mut l, alloc, 0xd0, 0x100, NV01_MEMORY_LOCAL_USER, 8 * GIB);
+        rm(&mut l, alloc, 0xe1, 0x101, NV01_MEMORY_LOCAL_USER, 4 * GIB);
+        // Below an object made before tracing began: no device known.
+        rm(&mut l, alloc, 0xbeef, 0x102, NV01_MEMORY_LOCAL_USER, GIB);
+        let gpus = [gpu(0, "00000000:1B:00.0"), gpu(1, "00000000:3B:00.0")];
+        let parts = l.parts(&[FILE], &gpus, None);
+        let part = |instance| parts.iter().find(|p| p.device_instance == instance);
+        let on = |instance| part(instance).map(|p| (p.gpu, p.bytes));
+        assert_eq!(on(Some(0)), Some((Some(1), 4 * GIB)));
+        assert_eq!(on(Some(1)), Some((Some(0), 8 * GIB)));
+        assert_eq!(on(None), Some((None, GIB)), "two GPUs: not guessed");
+        assert_eq!(
+            part(Some(0)).and_then(|p| p.pci_bus_id.as_deref()),
+            Some("0000:3b:00.0")
+        );
+        // The device objects are not memory: the sums are the allocations'.
+        assert_eq!(l.bytes(&[FILE]).video, 13 * GIB);
+        assert!(l.classes(&[FILE]).iter().all(|c| c.class != "0x80"));
+        // A trace recorded before linger named GPUs, with NVML reading one: all of it is there.
+        let one = l.parts(&[FILE], &[], Some(0));
+        assert!(one.iter().all(|p| p.gpu == Some(0)), "{one:?}");
+    }
+
+    /// A device instance the driver never named, without NVML's names: nothing to place it by.
+    #[test]
+    fn an_unnamed_device_instance_on_several_gpus_is_left_unplaced() {
+        let mut l = Ledger::default();
+        rm(&mut l, driver::RM_ALLOC, 0, CLIENT, NV01_ROOT_CLIENT, 0);
+        rm(&mut l, driver::RM_ALLOC, CLIENT, 0xd0, NV01_DEVICE_0, 1);
+        rm(
+            &mut l,
+            driver::RM_ALLOC,
+            0xd0,
+            0x100,
+            NV01_MEMORY_LOCAL_USER,
+            2 * GIB,
+        );
+        let gpus = [gpu(0, "00000000:1B:00.0"), gpu(1, "00000000:3B:00.0")];
+        let parts = l.parts(&[FILE], &gpus, None);
+        assert_eq!(parts.len(), 1);
+        assert_eq!((parts[0].device_instance, parts[0].gpu), (Some(1), None));
     }
 }

@@ -129,6 +129,8 @@ pub struct Watch {
     pub kernel_release_ns: Option<u64>,
     /// Importers the ledger knows of: (pid, bytes if known, how).
     known_importers: Vec<(u32, Option<u64>, ImportVia)>,
+    /// Its ledger's video memory at death on each GPU (by NVML index) the ledger placed it.
+    ledger_devices: BTreeMap<u32, u64>,
     /// Last time something happened that may release its memory (fast NVML reads until a
     /// while after).
     last_activity_ns: u64,
@@ -158,15 +160,20 @@ impl Watch {
         self.devices.values().flat_map(|d| &d.residuals)
     }
 
-    /// What its death is to give back on GPU `gpu`, and where that figure comes from. A
-    /// victim NVML never listed has its ledger's bytes on the only GPU it is counted on.
+    /// What its death is to give back on GPU `gpu`, and where that figure comes from. Where
+    /// NVML never listed it on a GPU, its ledger's bytes there (or, on the only GPU it is
+    /// counted on, all of them).
     pub fn device_share(&self, gpu: u32) -> Option<(u64, ShareFrom)> {
         let Role::Own { ledger } = self.role else {
             return None;
         };
         let d = self.devices.get(&gpu)?;
+        let placed = self.ledger_devices.get(&gpu).copied();
         Some(match (d.death_figure, self.devices.len(), ledger) {
             (Some(nvml), _, _) => (nvml, ShareFrom::Nvml),
+            (None, _, _) if d.max_figure.is_none() && placed.is_some() => {
+                (placed.unwrap_or(0), ShareFrom::Ledger)
+            }
             // On several GPUs: what NVML saw it hold on this one.
             (None, 2.., _) => (d.max_figure.unwrap_or(0), ShareFrom::Nvml),
             (None, _, 0) => (0, ShareFrom::None),
@@ -343,6 +350,7 @@ impl MemoryBook {
             probe: false,
             kernel_release_ns: None,
             known_importers: Vec::new(),
+            ledger_devices: BTreeMap::new(),
             last_activity_ns: t_ns,
         });
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
@@ -398,6 +406,22 @@ impl MemoryBook {
                 (None, None) => {}
             }
         }
+    }
+
+    /// Where its ledger saw its video memory at death, by NVML index: it is awaited there
+    /// too on a GPU NVML never listed it on.
+    pub fn placed(&mut self, key: u64, by_gpu: BTreeMap<u32, u64>) {
+        let Some(w) = self
+            .watches
+            .get_mut(&key)
+            .filter(|w| matches!(w.role, Role::Own { .. }))
+        else {
+            return;
+        };
+        for gpu in by_gpu.keys() {
+            w.devices.entry(*gpu).or_default();
+        }
+        w.ledger_devices = by_gpu;
     }
 
     pub fn kernel_released(&mut self, key: u64, t_ns: u64) {

@@ -8,7 +8,8 @@ use super::{
     correlate::{Case, Correlator, Reported},
     holders::{HeldFile, Holder, How},
     incident::{ExitStatus, GpuPart, Incident, Source},
-    memory::{Role, ShareFrom, Watch},
+    ledger::LedgerPart,
+    memory::{tolerance, Role, ShareFrom, Watch},
     signals::{self, Origin, SIGKILL},
     termination::{self, Mode, SignalSent},
     verdict::{self, gib},
@@ -76,21 +77,31 @@ impl Correlator {
             if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
                 gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
             }
-            if gpu.bytes_ledger > 0 {
-                if let Some(n) = gpu.bytes_nvml {
-                    if n.abs_diff(gpu.bytes_ledger) > super::memory::tolerance(n) {
-                        evidence.push(format!(
-                            "NVML's figure ({}) and the ledger ({} of video memory) differ: NVML \
-                             counts the CUDA context's own memory and allocations made before \
-                             tracing; the share is NVML's",
-                            gib(n),
-                            gib(gpu.bytes_ledger)
-                        ));
-                    }
+            gpu.gpus = self.gpu_parts(id, &gpu.files, &c.ledger_parts);
+            // The ledger's bytes on the GPUs NVML lists it on (all of them, in a trace
+            // recorded before the ledger placed memory).
+            let ledger_listed = if c.ledger_parts.is_empty() {
+                gpu.bytes_ledger
+            } else {
+                gpu.gpus
+                    .iter()
+                    .filter(|p| p.bytes_nvml.is_some())
+                    .filter_map(|p| p.bytes_ledger)
+                    .sum()
+            };
+            if let (Some(n), true) = (gpu.bytes_nvml, ledger_listed > 0) {
+                if n.abs_diff(ledger_listed) > tolerance(n) {
+                    evidence.push(format!(
+                        "NVML's figure ({}) and the ledger ({} of video memory) differ: NVML \
+                         counts the CUDA context's own memory and allocations made before \
+                         tracing; the share is NVML's",
+                        gib(n),
+                        gib(ledger_listed)
+                    ));
                 }
             }
+            evidence.extend(placement_evidence(&c.ledger_parts, &gpu.gpus));
             gpu.evidence = evidence;
-            gpu.gpus = self.gpu_parts(id, &gpu.files);
         }
 
         let empty = Default::default();
@@ -188,7 +199,7 @@ impl Correlator {
 
     /// Each GPU of the case's memory (its own, or its owner's for an alias) and of its
     /// device files, with that GPU's part.
-    fn gpu_parts(&self, id: u64, files: &[HeldFile]) -> Vec<GpuPart> {
+    fn gpu_parts(&self, id: u64, files: &[HeldFile], ledger: &[LedgerPart]) -> Vec<GpuPart> {
         let own = self
             .memory
             .watch(id)
@@ -212,9 +223,30 @@ impl Correlator {
                     nvml_used_before: d.used_before,
                     t_memory_back_ns: self.nvml.as_ref().and(d.back_ns()),
                     released_bytes: if own { w.device_released(index) } else { 0 },
-                    fds: Vec::new(),
+                    ..Default::default()
                 });
             }
+        }
+        // The ledger's figure on each GPU (by device instance where NVML does not name it).
+        for l in ledger {
+            let at = parts.iter().position(|p| match l.gpu {
+                Some(gpu) => p.index == Some(gpu),
+                None => p.index.is_none() && p.device_instance == l.device_instance,
+            });
+            let i = at.unwrap_or_else(|| {
+                let info = infos.iter().find(|g| Some(g.index) == l.gpu);
+                parts.push(GpuPart {
+                    index: l.gpu,
+                    uuid: info.map(|g| g.uuid.clone()),
+                    minor: info.and_then(|g| g.minor),
+                    share_from: ShareFrom::None.label(),
+                    ..Default::default()
+                });
+                parts.len() - 1
+            });
+            let part = &mut parts[i];
+            part.device_instance = part.device_instance.or(l.device_instance);
+            *part.bytes_ledger.get_or_insert(0) += l.bytes;
         }
         // Its /dev/nvidiaN descriptors, on the GPU whose minor NVML gave (or on a part of
         // their own: without NVML, or for a GPU it had no memory on).
@@ -413,6 +445,48 @@ impl Correlator {
         }
         out
     }
+}
+
+/// Where the ledger's GPUs and NVML's disagree, or the ledger could not place memory on a
+/// GPU, in words: each GPU's share is NVML's where NVML lists the process, the ledger's where
+/// only the ledger saw memory.
+fn placement_evidence(ledger: &[LedgerPart], parts: &[GpuPart]) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in ledger.iter().filter(|l| l.gpu.is_none()) {
+        let on = match (l.device_instance, &l.pci_bus_id) {
+            (Some(i), Some(pci)) => {
+                format!("the driver's device instance {i}, PCI {pci}, which NVML did not name")
+            }
+            (Some(i), None) => format!(
+                "the driver's device instance {i}, which no GET_ID_INFO control named while \
+                 tracing"
+            ),
+            (None, _) => "a device object made before tracing began".to_string(),
+        };
+        out.push(format!(
+            "the ledger saw {} of video memory on {on}: not placed on a GPU",
+            gib(l.bytes)
+        ));
+    }
+    let listed: Vec<String> = parts
+        .iter()
+        .filter(|p| p.bytes_nvml.is_some_and(|b| b > 0))
+        .filter_map(|p| Some(format!("GPU{}", p.index?)))
+        .collect();
+    for p in parts {
+        let (Some(index), Some(bytes)) = (p.index, p.bytes_ledger) else {
+            continue;
+        };
+        if p.bytes_nvml.unwrap_or(0) == 0 && bytes > tolerance(bytes) && !listed.is_empty() {
+            out.push(format!(
+                "GPU{index}: the ledger saw {} that NVML did not list there (NVML listed it on \
+                 {}): awaited on GPU{index} by the ledger's figure",
+                gib(bytes),
+                listed.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// What changed since the last report, in words.

@@ -602,3 +602,101 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
     assert_eq!(back(inc), Some(330 * MS));
     assert!(!inc.unseen.is_empty(), "says what --lean cannot see");
 }
+
+/// Two GPUs, instances in the other order than NVML's: NVML lists the victim on GPU0 only,
+/// its ledger also saw 4 GiB on GPU1. That part is awaited on GPU1 by the ledger's figure,
+/// and the incident says the sources disagreed.
+#[test]
+fn memory_only_the_ledger_saw_on_a_gpu_is_awaited_there() {
+    use crate::event::GpuInfo;
+    use tracer_common::driver::{id_info_size, NV01_DEVICE_0, RM_ALLOC, RM_CONTROL};
+    const CLIENT: u32 = 0xc1;
+    let mut r = Run::new();
+    let info = |index: u32, pci: &str| GpuInfo {
+        index,
+        uuid: format!("GPU-{index}"),
+        model: "H200".into(),
+        pci_bus_id: pci.into(),
+        minor: Some(index),
+    };
+    let gpus = vec![info(0, "00000000:1B:00.0"), info(1, "00000000:3B:00.0")];
+    r.feed(0, 0.0, EventData::Gpus { gpus });
+    r.holder(10, 0, 0.0);
+    let mut rm = |t_ms: f64, cmd: u32, parent: u32, object: u32, class: u32, size: u64| {
+        let data = EventData::GpuIoctl {
+            fd: 3,
+            cmd,
+            dev: 195 << 20 | 255,
+            ret: 0,
+            duration_ns: 0,
+            file: FILE,
+            h_root: CLIENT,
+            h_parent: parent,
+            h_object: object,
+            h_class: class,
+            status: 0,
+            ctrl_cmd: if cmd == RM_CONTROL { class } else { 0 },
+            size,
+        };
+        r.feed(10, t_ms, data);
+    };
+    rm(1.0, RM_ALLOC, 0, CLIENT, 0x41, 0);
+    rm(1.1, RM_CONTROL, 0, CLIENT, 0x202, id_info_size(0x1b00, 1));
+    rm(1.2, RM_CONTROL, 0, CLIENT, 0x202, id_info_size(0x3b00, 0));
+    rm(2.0, RM_ALLOC, CLIENT, 0xd0, NV01_DEVICE_0, 1);
+    rm(2.1, RM_ALLOC, CLIENT, 0xd1, NV01_DEVICE_0, 0);
+    rm(3.0, RM_ALLOC, 0xd0, 0x100, 0x40, 8 * GIB);
+    rm(3.1, RM_ALLOC, 0xd1, 0x101, 0x40, 4 * GIB);
+    let two = |r: &mut Run, t_ms: f64, used: [u64; 2], listed: bool| {
+        let gpu = |index: u32, used: u64, procs: Vec<NvmlProcess>| NvmlGpu {
+            index,
+            used,
+            total: 140 * GIB,
+            processes: procs,
+        };
+        let on0 = listed.then_some(NvmlProcess {
+            pid: 10,
+            used: Some(8 * GIB),
+        });
+        let gpus = vec![
+            gpu(0, used[0], on0.into_iter().collect()),
+            gpu(1, used[1], vec![]),
+        ];
+        r.feed(0, t_ms, EventData::Nvml { gpus });
+    };
+    two(&mut r, 100.0, [9 * GIB, 5 * GIB], true);
+    r.kill(SHELL, 10, 9, 1000.0);
+    r.die(10, &[FILE], 1000.1, 9);
+    two(&mut r, 1001.0, [9 * GIB, 5 * GIB], true);
+    // GPU0's part is back first; GPU1 still holds the 4 GiB only the ledger saw.
+    two(&mut r, 1050.0, [GIB, 5 * GIB], false);
+    r.zombie_and_reap(10, 1051.0);
+    two(&mut r, 11_000.0, [GIB, 5 * GIB], false);
+    r.tick(11_100.0);
+    let inc = r.last_of(10);
+    assert!(inc.lingering, "GPU1's part is not back: {inc:?}");
+    assert_eq!(back(inc), None);
+    let gpu = inc.gpu.as_ref().expect("gpu");
+    let part = |i| gpu.gpus.iter().find(|p| p.index == Some(i)).expect("part");
+    assert_eq!(part(0).bytes_ledger, Some(8 * GIB));
+    assert_eq!(part(0).device_instance, Some(1));
+    assert!(part(0).t_memory_back_ns.is_some());
+    assert_eq!(part(1).bytes_ledger, Some(4 * GIB));
+    assert_eq!(part(1).device_instance, Some(0));
+    assert_eq!(
+        (part(1).share_bytes, part(1).share_from),
+        (4 * GIB, "ledger")
+    );
+    assert_eq!(gpu.share_bytes, 12 * GIB);
+    assert!(
+        gpu.evidence
+            .iter()
+            .any(|e| e.starts_with("GPU1: the ledger saw 4.0 GiB that NVML did not list")),
+        "{:?}",
+        gpu.evidence
+    );
+    two(&mut r, 11_120.0, [GIB, GIB], false);
+    r.tick(11_200.0);
+    let update = r.last_of(10);
+    assert_eq!(back(update), Some(11_120_000_000));
+}

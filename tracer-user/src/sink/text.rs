@@ -262,6 +262,9 @@ fn render_gpu_part(s: &mut String, inc: &Incident, part: &GpuPart) {
     if let Some(b) = part.bytes_nvml {
         facts.push(format!("NVML {}", gib(b)));
     }
+    if let Some(b) = part.bytes_ledger {
+        facts.push(format!("ledger {}", gib(b)));
+    }
     if !part.fds.is_empty() {
         let fds: Vec<String> = part.fds.iter().map(i32::to_string).collect();
         facts.push(format!("fd {}", fds.join(",")));
@@ -581,7 +584,10 @@ mod tests {
             released_bytes: 4 * GIB,
             gpus: vec![
                 part(0, 0, 4 * GIB, Some(1_150_000_000), &[11, 12]),
-                part(1, 1, 8 * GIB, None, &[13]),
+                GpuPart {
+                    bytes_ledger: Some(8 * GIB),
+                    ..part(1, 1, 8 * GIB, None, &[13])
+                },
             ],
             ..Default::default()
         });
@@ -602,7 +608,9 @@ mod tests {
         );
         assert!(lines[0].contains("back at +150"), "{s}");
         assert!(
-            lines[1].contains("GPU1") && lines[1].contains("still held"),
+            lines[1].contains("GPU1")
+                && lines[1].contains("ledger 8.0 GiB")
+                && lines[1].contains("still held"),
             "{s}"
         );
     }

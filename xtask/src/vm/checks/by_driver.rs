@@ -85,6 +85,7 @@ pub fn check(guest: &Guest) -> Result<()> {
         bail!("the parent's ledger is not its 1 GiB: {}", parent["gpu"]);
     }
     per_device(parent)?;
+    ledger_device(parent)?;
     let own = incidents
         .get(&child)
         .with_context(|| format!("no incident for the child {child}"))?;
@@ -101,7 +102,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     }
     eprintln!(
         "xtask vm:   no system call tracepoint; holder, 1 GiB ledger and release from the \
-         driver's hooks; its files on two GPUs told apart"
+         driver's hooks; its files on two GPUs told apart; its memory on device instance 1"
     );
     Ok(())
 }
@@ -143,6 +144,26 @@ fn per_device(incident: &Value) -> Result<()> {
             "the GPU process's files are not told apart by GPU (nvidia0; nvidia1 as fd 9): {}",
             incident["gpu"]
         );
+    }
+    Ok(())
+}
+
+/// Its 1 GiB below the device object of instance 1, which GET_ID_INFO named as PCI 00:05.0:
+/// a part of its own (no NVML here to say which GPU that is), and the evidence says so.
+fn ledger_device(incident: &Value) -> Result<()> {
+    let gpu = &incident["gpu"];
+    let part = gpu["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["device_instance"] == 1);
+    let placed = part.is_some_and(|p| p["bytes_ledger"] == GIB && p["index"].is_null());
+    let said = gpu["evidence"].as_array().into_iter().flatten().any(|e| {
+        e.as_str()
+            .is_some_and(|e| e.contains("device instance 1, PCI 0000:05:00.0"))
+    });
+    if !placed || !said {
+        bail!("the ledger's 1 GiB is not on device instance 1 (PCI 0000:05:00.0): {gpu}");
     }
     Ok(())
 }
