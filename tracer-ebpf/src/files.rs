@@ -112,8 +112,15 @@ static LEAN: u32 = 0;
 /// NVML's fast readings and the teardown's sampling; everyone else's wait for the next tick
 /// (20 ms), which keeps wake-ups off kill storms of processes that never touched a GPU.
 pub fn urgent(tgid: u32) -> bool {
+    is_holder(tgid) || is_dying(tgid)
+}
+
+/// `--lean`: any process may hold GPU memory unseen, so a fatal signal wakes the collector
+/// (NVML's fast readings, `signal::lean_wake`); other records wait for the tick like
+/// everyone's.
+pub fn lean() -> bool {
     // SAFETY: read-only global filled before load.
-    is_holder(tgid) || is_dying(tgid) || unsafe { core::ptr::read_volatile(&LEAN) } != 0
+    unsafe { core::ptr::read_volatile(&LEAN) != 0 }
 }
 
 /// Whether `tgid` is linger itself.

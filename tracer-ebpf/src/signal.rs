@@ -1,15 +1,16 @@
 //! Signal generation and delivery.
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::Array,
     programs::{BtfTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
-    emit::{current_ids, emit_waking, is_tracked, track},
-    files::{is_holder, urgent},
+    emit::{current_ids, emit_waking, is_tracked, now_ns, track},
+    files::{is_holder, lean, urgent},
     task::Task,
     teardown::start_dying,
 };
@@ -17,6 +18,33 @@ use crate::{
 const SIGCHLD: u32 = 17;
 const SI_USER: i32 = 0;
 const SI_KERNEL: i32 = 0x80;
+
+/// `--lean`: when a fatal signal last woke the collector.
+#[map]
+static LEAN_WOKE: Array<u64> = Array::with_max_entries(1, 0);
+/// `--lean` wakes the collector for a fatal signal at most this often (its tick): one wake-up
+/// starts NVML's fast readings, and a storm's other kills would each cost the sender an
+/// interrupt and the collector a batch.
+const LEAN_WAKE_GAP_NS: u64 = 20_000_000;
+
+/// Whether this fatal signal wakes the collector under `--lean`.
+fn lean_wake() -> bool {
+    if !lean() {
+        return false;
+    }
+    let Some(last) = LEAN_WOKE.get_ptr_mut(0) else {
+        return true;
+    };
+    let now = now_ns();
+    // SAFETY: a valid map value; a race between CPUs costs at most one extra wake-up.
+    unsafe {
+        if now.saturating_sub(*last) < LEAN_WAKE_GAP_NS {
+            return false;
+        }
+        *last = now;
+    }
+    true
+}
 
 /// Bit n set: signal n opens an incident. Set by user space.
 #[unsafe(no_mangle)]
@@ -76,7 +104,7 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     }
     let sender = Task::current();
     let about = if fatal { target_pid } else { sender_pid };
-    emit_waking::<SignalGenerate>(urgent(about), |e| {
+    emit_waking::<SignalGenerate>(urgent(about) || (fatal && lean_wake()), |e| {
         e.sig = sig;
         e.code = si_code(info);
         e.result = result;

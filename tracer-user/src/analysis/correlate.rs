@@ -7,7 +7,7 @@
 //! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
 //! changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
     gpu_errors::{GpuErrorRecord, XidBook},
@@ -145,6 +145,9 @@ pub struct Correlator {
     alive: HashMap<u32, u64>,
     /// Dead processes with a case, until reaped.
     unreaped: HashMap<u32, u64>,
+    /// Holder pid → the cases whose `holder_gone` names it: an exit finds the cases it may
+    /// release without a walk over every case (thousands in a kill storm under `--lean`).
+    held_for: HashMap<u32, BTreeSet<u64>>,
     pub(super) holders: Holders,
     pub(super) ledger: Ledger,
     pub(super) memory: MemoryBook,
@@ -541,6 +544,9 @@ impl Correlator {
                     gpu.files = held;
                     c.files = files.clone();
                     c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
+                    for h in &fd_holders {
+                        self.held_for.entry(h.pid).or_default().insert(id);
+                    }
                     c.fd_holders = fd_holders;
                 }
                 if c.gpu {
@@ -568,11 +574,10 @@ impl Correlator {
         }
         // A holder of other dead processes' files is gone: their memory may be on its way.
         let watching: Vec<u64> = self
-            .cases
-            .iter()
-            .filter(|(_, c)| c.holder_gone.contains_key(&pid))
-            .map(|(id, _)| *id)
-            .collect();
+            .held_for
+            .get(&pid)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default();
         for w in watching {
             self.memory.activity(w, t_ns);
         }
@@ -690,6 +695,7 @@ impl Correlator {
         }
         c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
         c.holder_gone.insert(pid, None);
+        self.held_for.entry(pid).or_default().insert(owner);
         c.fd_holders.push(Holder {
             pid,
             comm: comm.to_string(),
@@ -738,6 +744,7 @@ impl Correlator {
             if let Some(c) = self.cases.get_mut(&id) {
                 c.unaccounted = c.unaccounted.min(left);
                 c.holder_gone.entry(pid).or_insert(None);
+                self.held_for.entry(pid).or_default().insert(id);
                 match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
                     Some(known) => known.fds = found.fds,
                     None => c.fd_holders.push(found),
@@ -978,6 +985,14 @@ impl Correlator {
             self.storms.done(id, t);
         }
         if let Some(c) = self.cases.remove(&id) {
+            for holder in c.holder_gone.keys() {
+                if let Some(ids) = self.held_for.get_mut(holder) {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        self.held_for.remove(holder);
+                    }
+                }
+            }
             let pid = c.inc.target.pid;
             if self.alive.get(&pid) == Some(&id) {
                 self.alive.remove(&pid);
