@@ -102,6 +102,14 @@ impl<'a> Rounds<'a> {
         Ok(v.iter().zip(&base).map(|(v, b)| v / b).collect())
     }
 
+    /// `key` of `variant` / the baseline's, round by round.
+    pub fn field_ratio_summary(&self, variant: usize, key: &str) -> Result<Summary> {
+        let base = self.field(0, key)?;
+        let v = self.field(variant, key)?;
+        let ratios: Vec<f64> = v.iter().zip(&base).map(|(v, b)| v / b).collect();
+        summarize(&ratios).context("no rounds")
+    }
+
     pub fn ratio_summary(&self, variant: usize, part: usize) -> Result<Summary> {
         summarize(&self.ratios(variant, part)?).context("no rounds")
     }

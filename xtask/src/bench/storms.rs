@@ -107,15 +107,20 @@ pub fn section(
 
 pub const TABLE_HEAD: &str = "| Workload | Iterations per run | Baseline, µs per iteration | \
 Traced, µs per iteration | Slowdown (median) | Spread (min – max) | No-tracer band (median; \
-min – max) | Same hooks in bpftrace (median) | `linger live` CPU, µs per iteration (% of one \
+min – max) | Workload CPU time, traced / baseline (median; no-tracer band) | Same hooks in \
+bpftrace (median) | `linger live` CPU, µs per iteration (% of one \
 core) | `linger live` wake-ups per iteration | Machine busy, baseline / traced | Incidents per \
 traced run | Dropped records |\n\
-|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// What the storm tables' columns mean, and the list of pairs that follows.
 pub fn footnote(cpus: f64) -> String {
     format!(
-        "*Slowdown*: traced run time / baseline run time of the same pair. *Machine busy*: the \
+        "*Slowdown*: traced run time / baseline run time of the same pair. *Workload CPU \
+         time*: the CPU time of the workload and its children (getrusage), traced / baseline: \
+         what the tracer adds in the workload's own path (its programs, the hooks, the system \
+         call slow path), without the time spent waiting for a CPU the collector held, which \
+         the slowdown includes. *Machine busy*: the \
          share of all CPUs busy during a run (/proc/stat), whoever used them; the workload \
          alone keeps about one of the {cpus} CPUs busy, so a baseline figure well above {:.0} % \
          means other jobs were competing. *Wake-ups*: voluntary context switches of `linger \
@@ -144,6 +149,8 @@ impl Row {
             true => format!("{:.3}", r.ratio_summary(3, 0)?.median),
             false => "–".to_string(),
         };
+        let work_cpu = r.field_ratio_summary(1, "cpu_s")?;
+        let work_band = r.field_ratio_summary(2, "cpu_s")?;
         let cpu = r.field_summary(1, "linger_cpu_s")?;
         let walls = r.field(1, "wall_s")?;
         let cpus = r.field(1, "linger_cpu_s")?;
@@ -157,7 +164,7 @@ impl Row {
         let kills = super::report::num(r.data, "kills_per_run")?;
         let markdown = format!(
             "| `{}` | {iterations} | {:.1} | {:.1} | **{:.3}** | {:.3} – {:.3} | {:.3}; {:.3} – \
-             {:.3} | {same_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \
+             {:.3} | {:.3}; {:.3} | {same_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \
              {kills}) | {} |\n",
             r.label(),
             us(base.median),
@@ -168,6 +175,8 @@ impl Row {
             band.median,
             band.min,
             band.max,
+            work_cpu.median,
+            work_band.median,
             us(cpu.median),
             share.median * 100.0,
             wakeups.median / iterations,
