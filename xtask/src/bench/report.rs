@@ -126,12 +126,12 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
     })
 }
 
-/// The previous report's storm figures (e1ed244): workload, slowdown, `linger live` CPU µs and
-/// wake-ups per iteration.
+/// The previous report's storm figures (9f27a36, measured at 59d00b7): workload, slowdown,
+/// `linger live` CPU µs and wake-ups per iteration.
 const PREVIOUS_STORMS: [(&str, f64, f64, f64); 3] = [
-    ("kill-threads", 0.991, 14.6, 0.1),
-    ("kill-exec", 1.225, 7.5, 0.0),
-    ("spawn-true", 1.040, 5.1, 0.0),
+    ("kill-threads", 1.116, 15.2, 0.0),
+    ("kill-exec", 1.097, 7.2, 0.0),
+    ("spawn-true", 1.071, 5.8, 0.0),
 ];
 
 /// What changed since the previous report, for readers comparing the two.
@@ -140,21 +140,16 @@ fn changes(storms: &[Measured]) -> Result<String> {
         "
 ## Since the previous report
 
-The previous report was taken at e1ed244 (2026-11-29 17:46 UTC). Since then:
+The previous report (9f27a36) was measured at 59d00b7 (2026-12-02 00:10 UTC). Since then:
 
-- **Tracer** (567bab0): the perf cpu-clock stack sampler (4999 Hz on every CPU) is attached \
-only while an incident awaits GPU memory, instead of for the whole run: no timer interrupts \
-while nobody dies. Important records (signals, exits, reaps, kthread wake-ups) are submitted \
-with a forced wake-up, so quiet bulk records pending in the ring (forks, execs, GPU files and \
-ioctls, samples, drained on the collector's 20 ms ticks since e1ed244) no longer delay them. \
-Records are zeroed word by word. 1beb296: driver-hook calls in an LRU map (driver hooks are \
-not attached on this kernel).
-- **Benchmarks**: sections 3 (ioctl storms), 4 (stack sampling, idle and while a 64-thread \
-process dies) and 5 (trace files) are new; the storms run 10 pairs instead of 12 to make room.
-- **What the forced wake-ups did to the storms**: `linger live` now wakes for nearly every \
-important record instead of once per batch (section 2d explains the mechanism). Per \
-iteration, previous report → this one (another day and load: the slowdowns compare only \
-roughly, the wake-ups and CPU per iteration better):
+- **Tracer** (c52d075): RM_ALLOC of a GPU's device object and the GET_ID_INFO controls are \
+decoded (two more fields read, in GPU processes' ioctls only). e2969f7: under `--lean` a fatal \
+signal wakes the collector at most once per 20 ms tick (0.12 → 0.006 wake-ups per `kill-exec` \
+iteration), and an exit finds the cases it may release through an index.
+- **Benchmarks** (95f8567): the storms' table gives the workload's own CPU time, traced / \
+baseline, beside the wall-clock slowdown.
+- **Storms**, previous report → this one (another hour and load: the slowdowns compare only \
+roughly, CPU and wake-ups per iteration better):
 ",
     );
     for m in storms {
