@@ -460,14 +460,34 @@ pub fn status_name(status: u32) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use tracer_common::driver::{id_info_size, NV20_SUBDEVICE_0};
 
     use super::*;
 
     const GIB: u64 = 1 << 30;
-    const FILE: FileId = 0xffff_8880_0000_1000;
-    const CLIENT: u32 = 0xc1d0_0001;
+    pub const FILE: FileId = 0xffff_8880_0000_1000;
+    pub const CLIENT: u32 = 0xc1d0_0001;
+
+    /// A successful RM escape of client CLIENT through FILE (for RM_CONTROL, `class` is the
+    /// control's command).
+    pub fn rm_event(cmd: u32, parent: u32, object: u32, class: u32, size: u64) -> EventData {
+        EventData::GpuIoctl {
+            fd: 3,
+            cmd,
+            dev: 195 << 20 | 255,
+            ret: 0,
+            duration_ns: 0,
+            file: FILE,
+            h_root: CLIENT,
+            h_parent: parent,
+            h_object: object,
+            h_class: class,
+            status: 0,
+            ctrl_cmd: if cmd == driver::RM_CONTROL { class } else { 0 },
+            size,
+        }
+    }
 
     fn rm(ledger: &mut Ledger, cmd: u32, parent: u32, object: u32, class: u32, size: u64) {
         ledger.on_event(&Event {
@@ -475,21 +495,7 @@ mod tests {
             cpu: 0,
             pid: 10,
             tid: 10,
-            data: EventData::GpuIoctl {
-                fd: 3,
-                cmd,
-                dev: 195 << 20 | 255,
-                ret: 0,
-                duration_ns: 0,
-                file: FILE,
-                h_root: CLIENT,
-                h_parent: parent,
-                h_object: object,
-                h_class: class,
-                status: 0,
-                ctrl_cmd: if cmd == driver::RM_CONTROL { class } else { 0 },
-                size,
-            },
+            data: rm_event(cmd, parent, object, class, size),
         });
     }
 

@@ -608,9 +608,9 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
 /// and the incident says the sources disagreed.
 #[test]
 fn memory_only_the_ledger_saw_on_a_gpu_is_awaited_there() {
+    use super::ledger::tests::{rm_event, CLIENT};
     use crate::event::GpuInfo;
     use tracer_common::driver::{id_info_size, NV01_DEVICE_0, RM_ALLOC, RM_CONTROL};
-    const CLIENT: u32 = 0xc1;
     let mut r = Run::new();
     let info = |index: u32, pci: &str| GpuInfo {
         index,
@@ -623,22 +623,7 @@ fn memory_only_the_ledger_saw_on_a_gpu_is_awaited_there() {
     r.feed(0, 0.0, EventData::Gpus { gpus });
     r.holder(10, 0, 0.0);
     let mut rm = |t_ms: f64, cmd: u32, parent: u32, object: u32, class: u32, size: u64| {
-        let data = EventData::GpuIoctl {
-            fd: 3,
-            cmd,
-            dev: 195 << 20 | 255,
-            ret: 0,
-            duration_ns: 0,
-            file: FILE,
-            h_root: CLIENT,
-            h_parent: parent,
-            h_object: object,
-            h_class: class,
-            status: 0,
-            ctrl_cmd: if cmd == RM_CONTROL { class } else { 0 },
-            size,
-        };
-        r.feed(10, t_ms, data);
+        r.feed(10, t_ms, rm_event(cmd, parent, object, class, size));
     };
     rm(1.0, RM_ALLOC, 0, CLIENT, 0x41, 0);
     rm(1.1, RM_CONTROL, 0, CLIENT, 0x202, id_info_size(0x1b00, 1));
