@@ -74,11 +74,13 @@ pub fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
             (e.h_root, e.h_parent, e.h_object, e.h_class) = (root, parent, object, class);
             let status_at = if size == NVOS64_SIZE { 40 } else { 28 };
             e.status = user::<u32>(params + status_at);
-            let alloc_params = user::<u64>(params + PARAMS_POINTER_OFFSET);
-            if alloc_params != 0 {
-                if has_memory_allocation_params(class) {
+            let sized = has_memory_allocation_params(class);
+            // Other classes' parameters are not read: one user read fewer per allocation.
+            if sized || class == NV01_DEVICE_0 {
+                let alloc_params = user::<u64>(params + PARAMS_POINTER_OFFSET);
+                if alloc_params != 0 && sized {
                     e.size = user::<u64>(alloc_params + MEMORY_ALLOCATION_SIZE_OFFSET);
-                } else if class == NV01_DEVICE_0 {
+                } else if alloc_params != 0 {
                     // Which GPU the objects below it are on.
                     e.size = user::<u32>(alloc_params) as u64;
                 }

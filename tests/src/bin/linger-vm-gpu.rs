@@ -63,6 +63,9 @@ struct Nvos21 {
     status: u32,
 }
 
+// linger decodes RM_ALLOC only when the command's size is NVOS21's (or NVOS64's).
+const _: () = assert!(std::mem::size_of::<Nvos21>() == NVOS21_SIZE as usize);
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [nvidia, uvm, bytes, ready] = args.as_slice() else {
@@ -136,12 +139,8 @@ fn get_id_info(gpu: &File, gpu_id: u32, instance: u32) -> Result<()> {
         params_size: std::mem::size_of_val(&info) as u32,
         ..Default::default()
     };
-    // _IOWR('F', NV_ESC_RM_CONTROL, NVOS54_PARAMETERS).
-    let cmd = 3 << 30
-        | (std::mem::size_of::<Nvos54>() as libc::c_ulong) << 16
-        | (NV_IOCTL_MAGIC << 8 | RM_CONTROL) as libc::c_ulong;
-    // SAFETY: `p` and `info` outlive the call; the stand-in reads nothing.
-    let rc = unsafe { libc::ioctl(gpu.as_raw_fd(), cmd, &mut p as *mut Nvos54) };
+    // SAFETY: `info` outlives the call; the stand-in reads nothing.
+    let rc = unsafe { escape(gpu, RM_CONTROL, &mut p) };
     ensure!(
         rc == 0 && p.status == 0,
         "GET_ID_INFO: {rc} (status {:#x}): {}",
@@ -170,13 +169,9 @@ fn rm_alloc(
         p.params = params.as_mut_ptr() as u64;
         p.params_size = params.len() as u32;
     }
-    // _IOWR('F', NV_ESC_RM_ALLOC, NVOS21_PARAMETERS).
-    let cmd = 3 << 30
-        | (NVOS21_SIZE as libc::c_ulong) << 16
-        | (NV_IOCTL_MAGIC << 8 | RM_ALLOC) as libc::c_ulong;
-    // SAFETY: `p` (and the parameters it points to) outlive the call; the stand-in driver
-    // reads nothing, the real one reads and writes only within them.
-    let rc = unsafe { libc::ioctl(gpu.as_raw_fd(), cmd, &mut p as *mut Nvos21) };
+    // SAFETY: the parameters `p` points to outlive the call; the stand-in driver reads nothing,
+    // the real one reads and writes only within them.
+    let rc = unsafe { escape(gpu, RM_ALLOC, &mut p) };
     ensure!(
         rc == 0 && p.status == 0,
         "RM_ALLOC of class {class:#x}: {rc} (status {:#x}): {}",
@@ -184,4 +179,17 @@ fn rm_alloc(
         std::io::Error::last_os_error()
     );
     Ok(())
+}
+
+/// Issues the RM escape `nr` with its parameter struct: `_IOWR('F', nr, T)`.
+///
+/// # Safety
+/// Every pointer inside `params` must be valid for the driver to read and write.
+unsafe fn escape<T>(gpu: &File, nr: u32, params: &mut T) -> i32 {
+    let cmd = 3 << 30
+        | (std::mem::size_of::<T>() as libc::c_ulong) << 16
+        | (NV_IOCTL_MAGIC << 8 | nr) as libc::c_ulong;
+    // SAFETY: `params` is a live, writable struct of the size the command declares; the
+    // caller vouches for the pointers in it.
+    unsafe { libc::ioctl(gpu.as_raw_fd(), cmd, params as *mut T) }
 }
