@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
+    agenda::Agenda,
     gpu_errors::{GpuErrorRecord, XidBook},
     holders::{FileId, Holder, Holders, How},
     incident::{
@@ -148,6 +149,10 @@ pub struct Correlator {
     /// Holder pid → the cases whose `holder_gone` names it: an exit finds the cases it may
     /// release without a walk over every case (thousands in a kill storm under `--lean`).
     held_for: HashMap<u32, BTreeSet<u64>>,
+    /// Which cases the pass after an event looks at.
+    agenda: Agenda,
+    /// Open cases per target pid (a pid may be reused while its old case is open).
+    cases_of_pid: HashMap<u32, usize>,
     pub(super) holders: Holders,
     pub(super) ledger: Ledger,
     pub(super) memory: MemoryBook,
@@ -186,6 +191,7 @@ impl Correlator {
             EventData::Strategy(s) => {
                 self.lean = s.lean;
                 self.unseen = s.unseen.clone();
+                self.agenda.touch_all();
             }
             EventData::SignalGenerate {
                 sig,
@@ -217,11 +223,14 @@ impl Correlator {
                 group_dead,
                 comm,
             } => {
-                if let Some(c) = self.alive.get(&e.pid).and_then(|id| self.cases.get_mut(id)) {
-                    c.inc.exits.push(ThreadExit {
-                        tid: e.tid,
-                        t_ns: e.ts_ns,
-                    });
+                if let Some(&id) = self.alive.get(&e.pid) {
+                    if let Some(c) = self.cases.get_mut(&id) {
+                        c.inc.exits.push(ThreadExit {
+                            tid: e.tid,
+                            t_ns: e.ts_ns,
+                        });
+                    }
+                    self.agenda.touch(id);
                 }
                 if *group_dead {
                     self.group_died(e, *exit_code, comm);
@@ -350,6 +359,8 @@ impl Correlator {
             }
         }
         self.cases.clear();
+        self.agenda.clear();
+        self.cases_of_pid.clear();
         self.gpu_errors(true, out);
     }
 
@@ -408,6 +419,8 @@ impl Correlator {
             stuck_reported: false,
         };
         self.cases.insert(id, case);
+        self.agenda.open(id, t_ns);
+        *self.cases_of_pid.entry(pid).or_default() += 1;
         self.xids.link(pid, None, t_ns);
         id
     }
@@ -433,6 +446,7 @@ impl Correlator {
             c.signals.push(sent);
             c.gpu |= holds_gpu;
         }
+        self.agenda.touch(id);
         if holds_gpu {
             // Read NVML at once: the victim's share comes from the readings that follow.
             self.memory.start(id, pid, t_ns);
@@ -443,7 +457,11 @@ impl Correlator {
     }
 
     fn delivered(&mut self, e: &Event, sig: u32, handler: u64) {
-        let Some(c) = self.alive.get(&e.pid).and_then(|id| self.cases.get_mut(id)) else {
+        let Some(&id) = self.alive.get(&e.pid) else {
+            return;
+        };
+        self.agenda.touch(id);
+        let Some(c) = self.cases.get_mut(&id) else {
             return;
         };
         let action = Action::from_handler(handler);
@@ -495,6 +513,7 @@ impl Correlator {
             None => None,
         };
         if let Some(id) = id {
+            self.agenda.touch(id);
             self.unreaped.insert(pid, id);
             if let Some(c) = self.cases.get_mut(&id) {
                 if c.inc.target.workload.is_none() {
@@ -580,6 +599,7 @@ impl Correlator {
             .unwrap_or_default();
         for w in watching {
             self.memory.activity(w, t_ns);
+            self.agenda.touch(w);
         }
         // Files nobody else holds die with this process, whether or not it had an incident.
         let orphaned: Vec<FileId> = files
@@ -631,6 +651,7 @@ impl Correlator {
         if let Some(c) = self.cases.get_mut(&id) {
             c.inc.t_zombie_ns.get_or_insert(t_ns);
         }
+        self.agenda.touch(id);
         self.kernel_released(id, t_ns);
     }
 
@@ -648,6 +669,7 @@ impl Correlator {
             _ => (t_ns, Source::Zombie),
         };
         c.kernel_release = Some(release);
+        self.agenda.touch(id);
         self.memory.kernel_released(id, release.0);
         self.holders_changed();
     }
@@ -656,6 +678,7 @@ impl Correlator {
         let Some(id) = self.unreaped.remove(&reaped_pid) else {
             return;
         };
+        self.agenda.touch(id);
         if let Some(c) = self.cases.get_mut(&id) {
             if c.inc.t_reaped_ns.is_none() {
                 c.inc.t_reaped_ns = Some(e.ts_ns);
@@ -695,6 +718,7 @@ impl Correlator {
         }
         c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
         c.holder_gone.insert(pid, None);
+        self.agenda.touch(owner);
         self.held_for.entry(pid).or_default().insert(owner);
         c.fd_holders.push(Holder {
             pid,
@@ -744,6 +768,7 @@ impl Correlator {
             if let Some(c) = self.cases.get_mut(&id) {
                 c.unaccounted = c.unaccounted.min(left);
                 c.holder_gone.entry(pid).or_insert(None);
+                self.agenda.touch(id);
                 self.held_for.entry(pid).or_default().insert(id);
                 match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
                     Some(known) => known.fds = found.fds,
@@ -757,7 +782,9 @@ impl Correlator {
     fn holders_changed(&mut self) {
         let now = self.now_ns;
         let mut gone_of: Vec<(u64, u32, u64)> = Vec::new();
-        for (id, c) in &self.cases {
+        // Only cases with other holders name a holder in `held_for`.
+        let ids: BTreeSet<u64> = self.held_for.values().flatten().copied().collect();
+        for (id, c) in ids.iter().filter_map(|id| Some((id, self.cases.get(id)?))) {
             if c.holder_gone.values().all(Option::is_some) {
                 continue;
             }
@@ -786,6 +813,7 @@ impl Correlator {
             if let Some(c) = self.cases.get_mut(&id) {
                 c.holder_gone.insert(holder, Some(t));
             }
+            self.agenda.touch(id);
             self.memory.activity(id, t);
         }
     }
@@ -809,6 +837,7 @@ impl Correlator {
             }
         }
         self.nvml = Some(gpus.to_vec());
+        self.agenda.touch_all();
         // A process NVML lists is a GPU process, whether or not its files were seen.
         let listed: Vec<(u64, Option<u64>)> = self
             .cases
@@ -853,13 +882,12 @@ impl Correlator {
             self.teardown.entry(owner).or_default().calls.push(span);
         }
         if func == DriverFunc::Fput {
-            if let Some(c) = self
-                .unreaped
-                .get(&e.pid)
-                .and_then(|id| self.cases.get_mut(id))
-            {
-                if c.files.contains(&file) {
-                    c.fput_end = c.fput_end.max(Some(e.ts_ns));
+            if let Some(&id) = self.unreaped.get(&e.pid) {
+                if let Some(c) = self.cases.get_mut(&id) {
+                    if c.files.contains(&file) {
+                        c.fput_end = c.fput_end.max(Some(e.ts_ns));
+                        self.agenda.touch(id);
+                    }
                 }
             }
         }
@@ -868,65 +896,112 @@ impl Correlator {
     /// Time-based decisions and the reports they make due.
     fn advance(&mut self, out: &mut Vec<Output>) {
         let now = self.now_ns;
-        let ids: Vec<u64> = self.cases.keys().copied().collect();
-        for id in ids {
-            let Some(c) = self.cases.get(&id) else {
-                continue;
-            };
-            if c.inc.t_group_dead_ns.is_none() {
-                self.advance_alive(id, out);
-                continue;
-            }
-            let reportable = self.reportable_death(id);
-            let Some(c) = self.cases.get(&id) else {
-                continue;
-            };
-            if !reportable {
-                if self.settled(id) {
-                    self.drop_case(id);
-                }
-                continue;
-            }
-            let dead = c.inc.t_group_dead_ns.unwrap_or(now);
-            let since_death = now.saturating_sub(dead);
-            let reaped = c.inc.t_reaped_ns.is_some() || since_death >= self.config.reap_wait_ns;
-            let settled = self.settled(id);
-            match &c.reported {
-                None => {
-                    let held_elsewhere =
-                        !c.fd_holders.is_empty() || c.unaccounted > 0 || self.imported(id);
-                    // NVML's word on its share comes with the first reading after the death.
-                    let read = self.nvml.is_none() || self.memory.read_since(dead);
-                    let due = (settled && reaped)
-                        || ((held_elsewhere || self.unexplained(id))
-                            && ((reaped && read) || since_death >= HELD_REPORT_NS))
-                        || since_death >= self.config.slow_after_ns;
-                    if due {
-                        out.push(self.emit(id, "incident"));
-                    }
-                }
-                Some(last) => {
-                    // Memory back: one final update once the holders' releases are known too.
-                    let holding = self.back(id).is_some() && !settled;
-                    if !holding && (settled || self.state(id).as_ref() != Some(last)) {
-                        out.push(self.emit(id, "incident_update"));
-                    }
-                }
-            }
-            if self.cases.get(&id).is_some_and(|c| c.reported.is_some()) && settled {
-                self.drop_case(id);
+        for id in self.agenda.take(now) {
+            self.advance_case(id, out);
+            if let Some(until) = self.quiet_until(id) {
+                self.agenda.quiet(id, until);
             }
         }
         self.link_xids();
         self.gpu_errors(false, out);
         // Nothing older than the oldest open case needs its loss reports or teardowns.
-        let oldest = self.cases.values().map(|c| c.inc.t_signal_ns).min();
+        let oldest = self.agenda.oldest();
         self.losses.prune(oldest.unwrap_or(now));
         self.storms.prune(oldest.unwrap_or(now));
         if self.cases.is_empty() {
             // The collector empties the kernel's stack map now: its ids start over.
             self.stacks.clear();
             self.teardown.clear();
+        }
+    }
+
+    /// Until when nothing can happen to open case `id` that no event touching it brings:
+    /// known for processes not known to hold GPU memory (those of kill storms), whose
+    /// decisions depend on their own signals, death and reap and on the clock only. None:
+    /// every pass looks at it.
+    fn quiet_until(&self, id: u64) -> Option<u64> {
+        let c = self.cases.get(&id)?;
+        let figure = self
+            .memory
+            .watch(id)
+            .is_some_and(|w| w.max_figure().is_some());
+        if c.gpu || figure || c.reported.is_some() {
+            return None;
+        }
+        let cfg = &self.config;
+        match c.inc.t_group_dead_ns {
+            None => {
+                // Its next survived signal to notice, its stuck report, or its case's end.
+                let notice = c
+                    .signals
+                    .get(c.noticed)
+                    .map(|s| s.t_ns.saturating_add(cfg.survive_after_ns));
+                let first_kill = c.signals.iter().find(|s| s.sig == SIGKILL).map(|s| s.t_ns);
+                let other = match first_kill {
+                    Some(t) if !c.stuck_reported => Some(t.saturating_add(cfg.linger_after_ns)),
+                    Some(_) => None,
+                    None => {
+                        let last = c.signals.last().map_or(self.now_ns, |s| s.t_ns);
+                        Some(last.saturating_add(cfg.escalation_window_ns))
+                    }
+                };
+                notice.into_iter().chain(other).min()
+            }
+            Some(dead) => {
+                // Reported once reaped, or once nobody reaped it in time, or slow.
+                let held_elsewhere = !c.fd_holders.is_empty() || c.unaccounted > 0;
+                if held_elsewhere || c.inc.t_reaped_ns.is_some() || !self.reportable_death(id) {
+                    return None;
+                }
+                Some(dead.saturating_add(cfg.reap_wait_ns.min(cfg.slow_after_ns)))
+            }
+        }
+    }
+
+    /// One case's time-based decisions and the reports they make due.
+    fn advance_case(&mut self, id: u64, out: &mut Vec<Output>) {
+        let now = self.now_ns;
+        let Some(c) = self.cases.get(&id) else {
+            return;
+        };
+        if c.inc.t_group_dead_ns.is_none() {
+            self.advance_alive(id, out);
+            return;
+        }
+        if !self.reportable_death(id) {
+            if self.settled(id) {
+                self.drop_case(id);
+            }
+            return;
+        }
+        let dead = c.inc.t_group_dead_ns.unwrap_or(now);
+        let since_death = now.saturating_sub(dead);
+        let reaped = c.inc.t_reaped_ns.is_some() || since_death >= self.config.reap_wait_ns;
+        let settled = self.settled(id);
+        match &c.reported {
+            None => {
+                let held_elsewhere =
+                    !c.fd_holders.is_empty() || c.unaccounted > 0 || self.imported(id);
+                // NVML's word on its share comes with the first reading after the death.
+                let read = self.nvml.is_none() || self.memory.read_since(dead);
+                let due = (settled && reaped)
+                    || ((held_elsewhere || self.unexplained(id))
+                        && ((reaped && read) || since_death >= HELD_REPORT_NS))
+                    || since_death >= self.config.slow_after_ns;
+                if due {
+                    out.push(self.emit(id, "incident"));
+                }
+            }
+            Some(last) => {
+                // Memory back: one final update once the holders' releases are known too.
+                let holding = self.back(id).is_some() && !settled;
+                if !holding && (settled || self.state(id).as_ref() != Some(last)) {
+                    out.push(self.emit(id, "incident_update"));
+                }
+            }
+        }
+        if self.cases.get(&id).is_some_and(|c| c.reported.is_some()) && settled {
+            self.drop_case(id);
         }
     }
 
@@ -1000,7 +1075,13 @@ impl Correlator {
             if self.unreaped.get(&pid) == Some(&id) {
                 self.unreaped.remove(&pid);
             }
-            if !self.cases.values().any(|o| o.inc.target.pid == pid) {
+            self.agenda.close(id, c.inc.t_signal_ns);
+            let left = self.cases_of_pid.get_mut(&pid).map(|n| {
+                *n -= 1;
+                *n
+            });
+            if left == Some(0) {
+                self.cases_of_pid.remove(&pid);
                 self.teardown.remove(&pid);
             }
             self.memory.forget(id);

@@ -303,6 +303,9 @@ pub struct MemoryBook {
     pools: BTreeMap<u32, Pool>,
     /// The latest reading of each GPU, and when it was taken.
     last: BTreeMap<u32, (NvmlGpu, u64)>,
+    /// Watches whose memory is another's (`Role::AliasOf`): without any, a finished watch
+    /// goes at once instead of after a pass over every watch (thousands in a kill storm).
+    aliases: usize,
 }
 
 /// How long after something that may release memory NVML is read fast.
@@ -386,6 +389,8 @@ impl MemoryBook {
         let Some(w) = self.watches.get_mut(&key) else {
             return;
         };
+        self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
+        self.aliases += usize::from(matches!(role, Role::AliasOf(_)));
         w.role = role;
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         // What it held just before, by a reading taken since the signal (an older one may
@@ -445,6 +450,15 @@ impl MemoryBook {
         if let Some(w) = self.watches.get_mut(&key) {
             w.done = true;
         }
+        if self.aliases == 0 {
+            if self.watches.remove(&key).is_some() {
+                for pool in self.pools.values_mut() {
+                    pool.victims.remove(&key);
+                }
+                self.pools.retain(|_, p| !p.victims.is_empty());
+            }
+            return;
+        }
         loop {
             let needed: BTreeSet<u64> = self
                 .watches
@@ -465,7 +479,9 @@ impl MemoryBook {
                 break;
             }
             for k in gone {
-                self.watches.remove(&k);
+                if let Some(w) = self.watches.remove(&k) {
+                    self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
+                }
                 for pool in self.pools.values_mut() {
                     pool.victims.remove(&k);
                 }

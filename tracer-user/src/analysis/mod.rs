@@ -1,5 +1,6 @@
 //! From events to incidents.
 
+mod agenda;
 pub mod correlate;
 pub mod gpu_errors;
 pub mod holders;
