@@ -129,7 +129,7 @@ pub fn is_self(tgid: u32) -> bool {
     tgid == unsafe { core::ptr::read_volatile(&SELF_PID) }
 }
 
-fn installed(op: FdOp, fd: u32) {
+pub fn installed(op: FdOp, fd: u32) {
     if is_self(current_ids().0) {
         return;
     }

@@ -31,14 +31,21 @@ pub fn ioctl_exit(ctx: TracePointContext) -> u32 {
     let Some([fd, cmd, arg]) = syscall_args() else {
         return 0;
     };
-    if fd > u32::MAX as u64 {
-        return 0;
-    }
-    let Some((_, file, dev)) = gpu_file_at(fd as u32) else {
-        return 0;
-    };
     // SAFETY: offset of `ret` in the stable sys_exit format.
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    record(fd, cmd, arg, ret);
+    0
+}
+
+/// One finished ioctl of the current process, recorded when `fd` is a GPU file. `ret` is the
+/// system call's return, or the C library's (-1 on failure) when seen from an NVIDIA library.
+pub fn record(fd: u64, cmd: u64, arg: u64, ret: i64) {
+    if fd > u32::MAX as u64 {
+        return;
+    }
+    let Some((_, file, dev)) = gpu_file_at(fd as u32) else {
+        return;
+    };
     let cmd = cmd as u32;
     emit::<GpuIoctl>(|e| {
         e.fd = fd as i32;
@@ -50,7 +57,6 @@ pub fn ioctl_exit(ctx: TracePointContext) -> u32 {
             decode_rm(e, cmd, arg);
         }
     });
-    0
 }
 
 fn user<T: Copy + Default>(addr: u64) -> T {

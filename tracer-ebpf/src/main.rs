@@ -10,6 +10,7 @@ mod emit;
 mod files;
 mod gpu_errors;
 mod ioctl;
+mod library;
 mod process;
 mod regs;
 mod search;

@@ -392,6 +392,11 @@ pub struct Strategy {
     /// system call tracepoint is attached; what cannot be seen then is in `unseen`.
     #[serde(default)]
     pub by_driver: bool,
+    /// Opens, closes and ioctls of GPU files come from uprobes on the PLT entries of these
+    /// NVIDIA libraries, and no system call tracepoint is attached; what cannot be seen then
+    /// is in `unseen`.
+    #[serde(default)]
+    pub libraries: Vec<String>,
     #[serde(default)]
     pub unseen: Vec<String>,
     /// Every hook the collector attached: `tp_btf/sched_process_fork`,
@@ -409,6 +414,20 @@ pub const LEAN_UNSEEN: [&str; 4] = [
     "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's process list (a /proc look at each new pid), forks, and the exec and exit walks of their descriptor tables",
     "wait4: the reap is the kernel freeing the task, an upper bound",
     "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at the signal",
+];
+
+/// What the NVIDIA libraries' hooks do not see in place of the system call tracepoints.
+pub const BY_LIBRARY_UNSEEN: [&str; 4] = [
+    "opens, dups, closes and ioctls of GPU files made outside the NVIDIA libraries hooked: \
+     a process that opens the device files itself, or loads a copy of the library linger did \
+     not find, is found as --lean finds holders (NVML's process list, forks, exec and exit \
+     walks), and its allocations are not in the ledger",
+    "closes of GPU descriptors by the program itself (not the library): a process that closed \
+     its descriptor while the file lives on elsewhere counts as holding it until its next \
+     exec or exit walk",
+    "wait4: the reap is the kernel freeing the task, an upper bound",
+    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started \
+     at the signal",
 ];
 
 /// What the driver's hooks do not see in place of the system call tracepoints.

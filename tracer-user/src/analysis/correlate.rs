@@ -189,7 +189,8 @@ impl Correlator {
         match &e.data {
             EventData::Collector { pid } => self.self_pid = Some(*pid),
             EventData::Strategy(s) => {
-                self.lean = s.lean;
+                // Opens are not all traced: a process not known to hold GPU files may.
+                self.lean = s.lean || !s.libraries.is_empty();
                 self.unseen = s.unseen.clone();
                 self.agenda.touch_all();
             }

@@ -115,6 +115,9 @@ pub struct Holders {
     /// the walk is over: a flag cleared with F_SETFD (not traced) shows in the walk, and the
     /// descriptor keeps how it was got.
     exec_closed: HashMap<u32, BTreeMap<i32, Fd>>,
+    /// The CPU each pending exec walk runs on: the kernel lists it in the same program run as
+    /// the exec record, so any other task's record from that CPU comes after the walk.
+    exec_cpu: HashMap<u32, u32>,
     /// Devices named with `--gpu-device`.
     declared: Vec<u32>,
 }
@@ -168,6 +171,9 @@ impl Holders {
                         .partition(|(_, fd)| fd.cloexec);
                 p.fds = kept;
                 let kept: BTreeSet<i32> = p.fds.keys().copied().collect();
+                if !kept.is_empty() || !closed.is_empty() {
+                    self.exec_cpu.insert(e.pid, e.cpu);
+                }
                 if !kept.is_empty() {
                     self.exec_pending.insert(e.pid, kept);
                 }
@@ -309,6 +315,7 @@ impl Holders {
     pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
         self.exec_pending.remove(&pid);
         self.exec_closed.remove(&pid);
+        self.exec_cpu.remove(&pid);
         let proc = self.procs.remove(&pid);
         match self.dying.remove(&pid) {
             Some(walk) => walk,
@@ -344,9 +351,22 @@ impl Holders {
         );
     }
 
-    /// The first record of a process after its exec walk ends the walk: what it did not list
-    /// was closed on exec.
+    /// The first record of a process after its exec walk ends the walk, and so does the first
+    /// record of another task from the CPU the walk ran on (a process may do nothing traced
+    /// for long after its exec): what the walk did not list was closed on exec, or earlier
+    /// by a close not traced.
     fn end_exec_walk(&mut self, e: &Event) {
+        if e.pid != 0 && !matches!(e.data, EventData::ProcInfo(_)) {
+            let done: Vec<u32> = self
+                .exec_cpu
+                .iter()
+                .filter(|(pid, cpu)| **pid != e.pid && **cpu == e.cpu)
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in done {
+                self.end_walk_of(pid);
+            }
+        }
         let walking = matches!(
             e.data,
             EventData::GpuFd {
@@ -358,12 +378,13 @@ impl Holders {
         if walking {
             return;
         }
-        self.exec_closed.remove(&e.pid);
-        if !self.exec_pending.contains_key(&e.pid) {
-            return;
-        }
-        if let (Some(pending), Some(p)) =
-            (self.exec_pending.remove(&e.pid), self.procs.get_mut(&e.pid))
+        self.end_walk_of(e.pid);
+    }
+
+    fn end_walk_of(&mut self, pid: u32) {
+        self.exec_closed.remove(&pid);
+        self.exec_cpu.remove(&pid);
+        if let (Some(pending), Some(p)) = (self.exec_pending.remove(&pid), self.procs.get_mut(&pid))
         {
             p.fds.retain(|fd, _| !pending.contains(fd));
         }
@@ -515,6 +536,26 @@ mod tests {
         assert_eq!(h.holders_of(&[file], 10).len(), 1, "held during the walk");
         // The walk lists nothing: the descriptor was closed on exec after all.
         h.on_event(&ev(11, 4, EventData::BenchTick));
+        assert!(h.holders_of(&[file], 10).is_empty());
+    }
+
+    /// A child that closed its inherited descriptors untraced (a C library close_range) and
+    /// then does nothing traced after its exec: the next record of another task from the CPU
+    /// its exec walk ran on ends the walk, records from other CPUs do not.
+    #[test]
+    fn an_exec_walk_ends_at_the_next_record_from_its_cpu() {
+        let mut h = Holders::default();
+        let file = 0xffff_0000_0000_2000;
+        h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
+        h.on_event(&fork(10, 11, 2));
+        let on = |cpu, mut e: Event| {
+            e.cpu = cpu;
+            e
+        };
+        h.on_event(&on(3, ev(11, 3, EventData::Exec { comm: "c".into() })));
+        h.on_event(&on(5, ev(12, 4, EventData::BenchTick)));
+        assert_eq!(h.holders_of(&[file], 10).len(), 1, "another CPU's record");
+        h.on_event(&on(3, ev(12, 5, EventData::BenchTick)));
         assert!(h.holders_of(&[file], 10).is_empty());
     }
 

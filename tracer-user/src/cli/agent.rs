@@ -236,6 +236,8 @@ fn strategy_label(s: &Strategy) -> &'static str {
         "lean"
     } else if s.by_driver {
         "driver"
+    } else if !s.libraries.is_empty() {
+        "libraries"
     } else {
         "syscalls"
     }

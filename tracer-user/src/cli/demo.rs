@@ -39,6 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sample_hz: 4999,
         no_ioctls: false,
         lean: false,
+        syscall_hooks: false,
         driver_hooks: Default::default(),
         kubelet_logs: tracer_user::source::workload::KUBELET_LOGS.into(),
         recording: Default::default(),

@@ -76,6 +76,12 @@ pub struct Args {
     /// exec and exit walks (`linger doctor` says what else).
     #[arg(long)]
     pub lean: bool,
+    /// Where the kernel allows no hook on the driver's functions, follow GPU opens, closes and
+    /// ioctls through system call tracepoints (every process's system calls pay for them)
+    /// rather than through uprobes on the NVIDIA libraries (only their users pay), which miss
+    /// what a process does outside those libraries.
+    #[arg(long, conflicts_with = "lean")]
+    pub syscall_hooks: bool,
     /// Do not follow GPU ioctls (no allocation ledger; holders and teardown still traced).
     #[arg(long)]
     pub no_ioctls: bool,
@@ -146,6 +152,7 @@ pub fn load(args: &Args) -> anyhow::Result<Probes> {
         sample_hz: args.sample_hz,
         ioctls: !args.no_ioctls,
         lean: args.lean,
+        syscall_hooks: args.syscall_hooks,
     })?)
 }
 
@@ -219,7 +226,8 @@ pub fn trace(
             redact_cmdline: args.recording.redact_cmdline,
             names: workload::Names::new(&args.kubelet_logs),
         },
-        args.lean,
+        // Opens made outside what is hooked: NVML's list names GPU processes too.
+        chosen.lean || !chosen.libraries.is_empty(),
         kmsg,
     );
     let awaited = gpu.awaited();

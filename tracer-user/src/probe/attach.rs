@@ -14,7 +14,7 @@ use aya::{
         raw_trace_point::RawTracePointLinkId,
         tp_btf::BtfTracePointLinkId,
         trace_point::TracePointLinkId,
-        uprobe::{UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
         Program, ProgramError,
     },
     Btf, Ebpf,
@@ -43,6 +43,12 @@ pub enum Hook<'a> {
         target: &'a str,
         function: &'a str,
     },
+    /// The PLT entry of `import` in `library`, at file offset `offset`.
+    PltUprobe {
+        library: &'a str,
+        import: &'a str,
+        offset: u64,
+    },
     /// A cpu-clock sampler on one CPU.
     PerfEvent {
         cpu: u32,
@@ -61,6 +67,9 @@ impl fmt::Display for Hook<'_> {
             Self::Kprobe(func) => write!(f, "kprobe/{func}"),
             Self::Kretprobe(func) => write!(f, "kretprobe/{func}"),
             Self::Uprobe { target, function } => write!(f, "uprobe/{target}:{function}"),
+            Self::PltUprobe {
+                library, import, ..
+            } => write!(f, "uprobe/{library}:{import}@plt"),
             Self::PerfEvent { cpu, hz } => write!(f, "perf_event/cpu-clock/cpu{cpu}@{hz}Hz"),
         }
     }
@@ -201,7 +210,7 @@ pub fn load(
         (Hook::Fentry(func), Program::FEntry(p)) => p.load(func, btf()?),
         (Hook::Fexit(func), Program::FExit(p)) => p.load(func, btf()?),
         (Hook::Kprobe(_) | Hook::Kretprobe(_), Program::KProbe(p)) => p.load(),
-        (Hook::Uprobe { .. }, Program::UProbe(p)) => p.load(),
+        (Hook::Uprobe { .. } | Hook::PltUprobe { .. }, Program::UProbe(p)) => p.load(),
         (Hook::PerfEvent { .. }, Program::PerfEvent(p)) => p.load(),
         _ => Err(ProgramError::UnexpectedProgramType),
     };
@@ -233,6 +242,18 @@ pub fn attach(
         }
         (Hook::Uprobe { target, function }, Program::UProbe(p)) => p
             .attach(function, target, UProbeScope::AllProcesses)
+            .map(LinkId::Uprobe),
+        (
+            Hook::PltUprobe {
+                library, offset, ..
+            },
+            Program::UProbe(p),
+        ) => p
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(offset),
+                library,
+                UProbeScope::AllProcesses,
+            )
             .map(LinkId::Uprobe),
         (Hook::PerfEvent { cpu, hz }, Program::PerfEvent(p)) => p
             .attach(

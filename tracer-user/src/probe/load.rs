@@ -13,13 +13,13 @@ use tracer_common::XidLayout;
 use super::{
     attach::{self, AttachError, Cause, Hook},
     devices::GpuDevices,
-    offsets,
+    library, offsets,
     sampling::Sampler,
     strategy, tracefs, xid, EBPF_OBJECT,
 };
 use crate::{
     error::{Error, Result},
-    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN},
+    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, BY_LIBRARY_UNSEEN, LEAN_UNSEEN},
     privileges,
 };
 
@@ -70,6 +70,9 @@ pub struct ProbeConfig {
     pub lean: bool,
     /// Which driver hooks to try.
     pub driver_hooks: DriverHooks,
+    /// Where the driver's functions cannot be hooked, use the system call tracepoints even
+    /// when the NVIDIA libraries can be (`--syscall-hooks`).
+    pub syscall_hooks: bool,
 }
 
 impl Default for ProbeConfig {
@@ -82,8 +85,8 @@ impl Default for ProbeConfig {
             sample_hz: 4999,
             ioctls: true,
             lean: false,
-
             driver_hooks: DriverHooks::Auto,
+            syscall_hooks: false,
         }
     }
 }
@@ -183,35 +186,55 @@ impl Probes {
             probes.strategy.by_driver = true;
             probes.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
         }
+        // No GPU device file can exist (the GPU majors are read once, at start): the system
+        // call tracepoints would have nothing to see.
+        let no_gpu_files =
+            config.gpu_devices.majors.is_empty() && config.gpu_devices.devs.is_empty();
+        if no_gpu_files && !config.lean {
+            probes.strategy.reasons.push(
+                "no GPU device files here (no NVIDIA char major in /proc/devices, no \
+                 --gpu-device): no system call tracepoint, there is nothing it could see"
+                    .into(),
+            );
+        }
+        // Next best: the NVIDIA libraries' own calls, which trap only in the processes that
+        // load them.
+        let by_library = !config.lean
+            && !no_gpu_files
+            && !by_driver
+            && !config.syscall_hooks
+            && config.gpu_devices.devs.is_empty()
+            && probes.attach_libraries(config.ioctls);
         // Any system call tracepoint sends every system call of every task through the slow
-        // path: --lean and the driver's hooks attach none.
-        let syscall_hooks: &[(&str, &[&str])] = if config.lean || by_driver {
-            &[]
-        } else {
-            &[
-                ("wait4_exit", &["sys_exit_wait4"]),
-                (
-                    "fd_installed",
-                    &[
-                        "sys_exit_open",
-                        "sys_exit_openat",
-                        "sys_exit_openat2",
-                        "sys_exit_dup",
-                        "sys_exit_dup2",
-                        "sys_exit_dup3",
-                    ],
-                ),
-                ("fcntl_exit", &["sys_exit_fcntl"]),
-                ("fd_close", &["sys_exit_close"]),
-                ("fd_close_range", &["sys_exit_close_range"]),
-            ]
-        };
+        // path: --lean and the driver's or the libraries' hooks attach none.
+        let syscall_hooks: &[(&str, &[&str])] =
+            if config.lean || by_driver || by_library || no_gpu_files {
+                &[]
+            } else {
+                &[
+                    ("wait4_exit", &["sys_exit_wait4"]),
+                    (
+                        "fd_installed",
+                        &[
+                            "sys_exit_open",
+                            "sys_exit_openat",
+                            "sys_exit_openat2",
+                            "sys_exit_dup",
+                            "sys_exit_dup2",
+                            "sys_exit_dup3",
+                        ],
+                    ),
+                    ("fcntl_exit", &["sys_exit_fcntl"]),
+                    ("fd_close", &["sys_exit_close"]),
+                    ("fd_close_range", &["sys_exit_close_range"]),
+                ]
+            };
         // Exits only: a system call entry hook would be a second tracepoint call on every
         // system call of every process.
         for &(program, syscalls) in syscall_hooks {
             probes.attach_syscalls(program, syscalls)?;
         }
-        if config.ioctls && !config.lean && !by_driver {
+        if config.ioctls && !config.lean && !by_driver && !by_library && !no_gpu_files {
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
         // The search's slot is filled before the scheduler hook that jumps to it is loaded:
@@ -255,6 +278,56 @@ impl Probes {
             .collect();
         probes.strategy.hooks.extend(driver);
         Ok(probes)
+    }
+
+    /// Hooks the NVIDIA libraries found here; whether it did (why not is in the strategy's
+    /// reasons).
+    fn attach_libraries(&mut self, ioctls: bool) -> bool {
+        let mut libs = Vec::new();
+        for path in library::find() {
+            match library::entries(&path) {
+                Ok(lib)
+                    if lib.entries.contains_key("ioctl") || lib.entries.contains_key("syscall") =>
+                {
+                    libs.push(lib)
+                }
+                Ok(_) => self.strategy.reasons.push(format!(
+                    "{}: no PLT entry for ioctl or syscall, not hooked",
+                    path.display()
+                )),
+                Err(e) => self.strategy.reasons.push(format!("{e}: not hooked")),
+            }
+        }
+        if libs.is_empty() {
+            self.strategy.reasons.push(format!(
+                "NVIDIA libraries: none of {} found (ld.so.cache and the usual directories), \
+                 system call tracepoints instead",
+                library::LIBRARIES.join(", ")
+            ));
+            return false;
+        }
+        if let Err(e) = library::attach(&mut self.ebpf, &libs, ioctls) {
+            self.strategy.reasons.push(format!(
+                "NVIDIA libraries: {e}; system call tracepoints instead"
+            ));
+            return false;
+        }
+        for lib in &libs {
+            let imports: Vec<&str> = lib.entries.keys().map(String::as_str).collect();
+            self.strategy.reasons.push(format!(
+                "uprobes on the PLT entries of {}: {}",
+                lib.path.display(),
+                imports.join(", ")
+            ));
+            self.attached.push(format!(
+                "uprobe/{}:{{{}}}@plt",
+                lib.path.display(),
+                imports.join(",")
+            ));
+            self.strategy.libraries.push(lib.path.display().to_string());
+        }
+        self.strategy.unseen = BY_LIBRARY_UNSEEN.iter().map(|s| s.to_string()).collect();
+        true
     }
 
     /// The driver's GPU-error tracepoint, where it exists with a known layout; it fires only on

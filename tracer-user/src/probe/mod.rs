@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod devices;
 pub mod doctor;
+pub mod library;
 pub mod load;
 pub mod offsets;
 pub mod questions;

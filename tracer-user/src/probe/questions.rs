@@ -24,12 +24,14 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         Some(HookKind::Kprobe) => "kprobe/kretprobe on __fput of GPU files (exact)",
         None => "the zombie transition (SIGCHLD), an upper bound",
     };
-    // Where the driver's opens and ioctl entry are hooked, they replace every system call
-    // tracepoint in the default mode.
-    let by_driver = strategy.by_driver;
-    let pick = |driver: &'static str, syscalls: &'static str| {
+    // Where the driver's opens and ioctl entry are hooked, or else the NVIDIA libraries'
+    // calls, they replace every system call tracepoint in the default mode.
+    let (by_driver, by_library) = (strategy.by_driver, !strategy.libraries.is_empty());
+    let pick = |driver: &'static str, library: &'static str, syscalls: &'static str| {
         if by_driver {
             driver
+        } else if by_library {
+            library
         } else {
             syscalls
         }
@@ -64,11 +66,14 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             pick(
                 "tp_btf/sched_process_free (an RCU grace period after the reap: an upper \
                  bound)",
+                "tp_btf/sched_process_free (an RCU grace period after the reap: an upper \
+                 bound)",
                 "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
                  tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)",
             ),
             "tp_btf/sched_process_free only (an upper bound)",
             pick(
+                "fires once per process",
                 "fires once per process",
                 "a system call tracepoint: every system call of every process takes the slow \
                  path while it is attached (the syscall tax, BENCHMARKS.md)",
@@ -80,6 +85,9 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
                 "kprobes on nvidia_open and uvm_open_entry (the driver's opens); tp_btf fork, \
                  exec and exit walks; the start-up snapshot; closes unseen (__fput and the \
                  walks correct them)",
+                "uprobes on the PLT entries of open*, dup* and close in libcuda and \
+                 libnvidia-ml; tp_btf fork, exec and exit walks; the start-up snapshot; NVML's \
+                 process list for opens outside them",
                 "tracepoints syscalls/sys_exit_open*, _dup*, _fcntl, _close, _close_range \
                  (exits only); tp_btf fork, exec and exit walks; the start-up snapshot",
             ),
@@ -87,6 +95,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
              fork, exec and exit walks",
             pick(
                 "the driver hooks fire for GPU files only",
+                "a trap per call, in processes that load those libraries only",
                 "system call tracepoints (the syscall tax); linger's programs run for those \
                  calls only and stop non-holders at one map lookup",
             ),
@@ -102,11 +111,14 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             "GPU ioctls (allocation ledger, imports, refused allocations)",
             pick(
                 "kprobe/kretprobe on nvidia_unlocked_ioctl (decoded at its return, timed)",
+                "uprobe/uretprobe on the PLT entries of ioctl and syscall in libcuda and \
+                 libnvidia-ml (decoded at the return)",
                 "tracepoint syscalls/sys_exit_ioctl (no duration: no entry hook)",
             ),
             "not seen: imports from NVML's figures only, no ledger or collateral",
             pick(
                 "the driver hooks fire for GPU ioctls only",
+                "two traps per ioctl, in processes that load those libraries only",
                 "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
             ),
         ),

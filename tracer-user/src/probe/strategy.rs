@@ -103,6 +103,13 @@ pub fn describe(s: &Strategy) -> String {
     if s.lean {
         return format!("lean (no system call tracepoint): {hooks}");
     }
+    if !s.libraries.is_empty() {
+        return format!(
+            "no system call tracepoint, opens, closes and ioctls of GPU files from uprobes on \
+             the PLT entries of {}: {hooks}",
+            s.libraries.join(", ")
+        );
+    }
     if s.by_driver {
         return format!(
             "no system call tracepoint, opens and ioctls of GPU files from the driver's own \

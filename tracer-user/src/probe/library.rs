@@ -1,0 +1,288 @@
+//! The NVIDIA user-space libraries' calls into the C library, hooked where they leave the
+//! library: the entries of its procedure linkage table (PLT) for ioctl, syscall, open, dup and
+//! close. A uprobe there traps only in processes that load the library, where a system call
+//! tracepoint taxes every system call of every process. The libraries are found through the
+//! dynamic linker's cache as a process would find them; every distinct file (a container's
+//! bind mount is the same file) is hooked.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::{self, File},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::Ebpf;
+use object::{
+    elf, read::elf::ElfFile64, Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable,
+    ReadCache, RelocationFlags, RelocationTarget,
+};
+
+use super::attach::{self, AttachError, Hook, Link};
+
+/// The libraries through which CUDA programs and NVML users talk to the driver.
+pub const LIBRARIES: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
+
+/// Where they are when the linker's cache does not say (the driver's and containers' usual
+/// places).
+const FALLBACK_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib",
+];
+
+/// The C library functions whose PLT entries are hooked, and by which programs: an entry
+/// program sees the arguments, a return program the result.
+const IMPORTS: [(&str, &[&str]); 9] = [
+    ("ioctl", &["lib_ioctl", "lib_ioctl_ret"]),
+    ("syscall", &["lib_syscall", "lib_ioctl_ret"]),
+    ("open", &["lib_open_ret"]),
+    ("open64", &["lib_open_ret"]),
+    ("openat", &["lib_open_ret"]),
+    ("openat64", &["lib_open_ret"]),
+    ("dup", &["lib_dup_ret"]),
+    ("dup2", &["lib_dup_ret"]),
+    ("dup3", &["lib_dup_ret"]),
+];
+
+/// close: its own entry program.
+const CLOSE: (&str, &[&str]) = ("close", &["lib_close"]);
+
+/// Imports whose programs serve the ledger (left out with `--no-ioctls`).
+const IOCTL_IMPORTS: [&str; 2] = ["ioctl", "syscall"];
+
+/// One library and the file offsets of its PLT entries, by imported function.
+#[derive(Debug, PartialEq)]
+pub struct Library {
+    pub path: PathBuf,
+    pub entries: BTreeMap<String, u64>,
+}
+
+/// The NVIDIA libraries installed here, one per distinct file.
+pub fn find() -> Vec<PathBuf> {
+    let cache = fs::read("/etc/ld.so.cache").unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    let mut found = Vec::new();
+    for name in LIBRARIES {
+        let cached = ld_cache_paths(&cache, name).into_iter();
+        let fallback = FALLBACK_DIRS.iter().map(|d| Path::new(d).join(name));
+        for path in cached.chain(fallback) {
+            let Ok(real) = fs::canonicalize(&path) else {
+                continue;
+            };
+            let Ok(meta) = fs::metadata(&real) else {
+                continue;
+            };
+            if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+                found.push(real);
+            }
+        }
+    }
+    found
+}
+
+/// The paths the dynamic linker's cache (glibc's "glibc-ld.so.cache1.1" format) gives for
+/// `name`. A cache it cannot read gives none.
+pub fn ld_cache_paths(cache: &[u8], name: &str) -> Vec<PathBuf> {
+    const MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
+    const HEADER: usize = 48;
+    const ENTRY: usize = 24;
+    let Some(start) = cache.windows(MAGIC.len()).position(|w| w == MAGIC) else {
+        return Vec::new();
+    };
+    let u32_at = |at: usize| -> Option<usize> {
+        let b = cache.get(at..at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    // String offsets are from the start of this header.
+    let string = |at: usize| -> Option<&[u8]> {
+        let s = cache.get(start.checked_add(at)?..)?;
+        Some(&s[..s.iter().position(|b| *b == 0)?])
+    };
+    let Some(count) = u32_at(start + MAGIC.len()) else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    for i in 0..count {
+        let at = start + HEADER + i * ENTRY;
+        let (Some(key), Some(value)) = (u32_at(at + 4), u32_at(at + 8)) else {
+            break;
+        };
+        if string(key) == Some(name.as_bytes()) {
+            if let Some(v) = string(value).and_then(|v| std::str::from_utf8(v).ok()) {
+                paths.push(PathBuf::from(v));
+            }
+        }
+    }
+    paths
+}
+
+/// The PLT entries of `path` for the imports hooked. Its file is read only where the ELF
+/// structures are, not whole (libcuda is about 100 MB).
+pub fn entries(path: &Path) -> Result<Library, String> {
+    let file = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let cache = ReadCache::new(file);
+    let elf = ElfFile64::<Endianness, _>::parse(&cache)
+        .map_err(|e| format!("{}: not a 64-bit ELF file ({e})", path.display()))?;
+    let wanted: BTreeSet<&str> = IMPORTS.iter().chain([&CLOSE]).map(|(n, _)| *n).collect();
+    let symbols = elf
+        .dynamic_symbol_table()
+        .ok_or_else(|| format!("{}: no dynamic symbols", path.display()))?;
+    // GOT slot address -> the function the dynamic linker puts there.
+    let mut slots = BTreeMap::new();
+    for (offset, reloc) in elf.dynamic_relocations().into_iter().flatten() {
+        let RelocationFlags::Elf { r_type } = reloc.flags() else {
+            continue;
+        };
+        if r_type != elf::R_X86_64_JUMP_SLOT && r_type != elf::R_X86_64_GLOB_DAT {
+            continue;
+        }
+        let RelocationTarget::Symbol(index) = reloc.target() else {
+            continue;
+        };
+        let name = symbols.symbol_by_index(index).and_then(|s| s.name());
+        if let Ok(name) = name.map(|n| n.split('@').next().unwrap_or(n)) {
+            if wanted.contains(name) {
+                slots.insert(offset, name.to_string());
+            }
+        }
+    }
+    let mut entries = BTreeMap::new();
+    for (section, size) in [(".plt.sec", 16), (".plt", 16), (".plt.got", 8)] {
+        let Some(s) = elf.section_by_name(section) else {
+            continue;
+        };
+        let (Ok(data), Some((file_offset, _))) = (s.data(), s.file_range()) else {
+            continue;
+        };
+        for (at, name) in plt_jumps(data, s.address(), size, &slots) {
+            entries.entry(name).or_insert(file_offset + at);
+        }
+    }
+    Ok(Library {
+        path: path.to_path_buf(),
+        entries,
+    })
+}
+
+/// The entries of a PLT section (`entry`-byte slots at `address`) that jump through one of
+/// `slots` (`jmp *disp32(%rip)`, ff 25): each one's offset in the section and its function.
+fn plt_jumps(
+    data: &[u8],
+    address: u64,
+    entry: usize,
+    slots: &BTreeMap<u64, String>,
+) -> Vec<(u64, String)> {
+    let mut found = Vec::new();
+    for (i, slot) in data.chunks_exact(entry).enumerate() {
+        for at in 0..entry.saturating_sub(5) {
+            if slot[at] != 0xff || slot[at + 1] != 0x25 {
+                continue;
+            }
+            let disp = i32::from_le_bytes([slot[at + 2], slot[at + 3], slot[at + 4], slot[at + 5]]);
+            let next = address + (i * entry + at + 6) as u64;
+            let target = next.wrapping_add_signed(disp as i64);
+            if let Some(name) = slots.get(&target) {
+                found.push(((i * entry) as u64, name.clone()));
+            }
+            break;
+        }
+    }
+    found
+}
+
+/// Hooks every library's entries: all or, on any refusal, none (what this call attached is
+/// detached).
+pub fn attach(ebpf: &mut Ebpf, libraries: &[Library], ioctls: bool) -> Result<(), AttachError> {
+    let mut links: Vec<Link> = Vec::new();
+    for lib in libraries {
+        let target = lib.path.to_string_lossy();
+        for (import, programs) in IMPORTS.iter().chain([&CLOSE]) {
+            if !ioctls && IOCTL_IMPORTS.contains(import) {
+                continue;
+            }
+            let Some(&offset) = lib.entries.get(*import) else {
+                continue;
+            };
+            for program in *programs {
+                let hook = Hook::PltUprobe {
+                    library: &target,
+                    import,
+                    offset,
+                };
+                match attach::attach(ebpf, program, &hook, None) {
+                    Ok(link) => links.push(link),
+                    Err(e) => {
+                        for link in links {
+                            // The program stays loaded but runs nowhere.
+                            let _ = attach::detach(ebpf, link);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plt_entry_is_found_by_the_slot_it_jumps_through() {
+        // Two 16-byte entries at 0x1000: `jmp *0x2ffa(%rip)` -> 0x4000 (ioctl), and an
+        // IBT entry `endbr64; bnd jmp *disp(%rip)` -> 0x4008 (close).
+        let mut data = vec![0u8; 32];
+        data[0..6].copy_from_slice(&[0xff, 0x25, 0xfa, 0x2f, 0x00, 0x00]);
+        let disp = (0x4008i64 - (0x1000 + 16 + 4 + 1 + 6)) as i32;
+        data[16..20].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa]);
+        data[20] = 0xf2;
+        data[21..23].copy_from_slice(&[0xff, 0x25]);
+        data[23..27].copy_from_slice(&disp.to_le_bytes());
+        let slots = BTreeMap::from([(0x4000, "ioctl".to_string()), (0x4008, "close".into())]);
+        assert_eq!(
+            plt_jumps(&data, 0x1000, 16, &slots),
+            vec![(0, "ioctl".to_string()), (16, "close".to_string())]
+        );
+    }
+
+    #[test]
+    fn the_linker_cache_gives_the_c_library_and_nothing_for_an_unknown_name() {
+        let cache = fs::read("/etc/ld.so.cache").expect("this machine's linker cache");
+        let libc = ld_cache_paths(&cache, "libc.so.6");
+        assert!(libc.iter().any(|p| p.exists()), "{libc:?}");
+        assert!(ld_cache_paths(&cache, "libnot-a-library.so.9").is_empty());
+        assert!(ld_cache_paths(&cache[..100], "libc.so.6").is_empty());
+    }
+
+    #[test]
+    fn a_system_librarys_ioctl_and_close_entries_are_found() {
+        // libdrm talks to GPU drivers through ioctl like libcuda does.
+        let cache = fs::read("/etc/ld.so.cache").expect("this machine's linker cache");
+        let path = ld_cache_paths(&cache, "libdrm.so.2")
+            .into_iter()
+            .next()
+            .expect("libdrm.so.2 in the linker cache");
+        let lib = entries(&path).expect("parse libdrm");
+        for import in ["ioctl", "close", "open64"] {
+            assert!(lib.entries.contains_key(import), "{import}: {lib:?}");
+        }
+        let plt = lib.entries["ioctl"];
+        let bytes = fs::read(&path).expect("read libdrm");
+        assert!(bytes[plt as usize..plt as usize + 16]
+            .windows(2)
+            .any(|w| w == [0xff, 0x25]));
+    }
+
+    #[test]
+    fn a_file_that_is_not_elf_is_an_error_not_a_panic() {
+        let path = std::env::temp_dir().join(format!("linger-not-elf-{}", std::process::id()));
+        fs::write(&path, b"\x7fELF\x02\x01\x01 truncated").expect("write a test file");
+        assert!(entries(&path).is_err());
+        assert!(entries(Path::new("/nonexistent/libcuda.so.1")).is_err());
+        let _ = fs::remove_file(path);
+    }
+}
