@@ -136,6 +136,8 @@ pub enum EventData {
         fd: i32,
         cmd: u32,
         dev: u32,
+        /// The system call's return (a negative errno on failure), or, seen from an NVIDIA
+        /// library's call, the C library's (-1 on failure).
         ret: i32,
         duration_ns: u64,
         file: u64,

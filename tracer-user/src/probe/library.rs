@@ -19,6 +19,7 @@ use object::{
 };
 
 use super::attach::{self, AttachError, Hook, Link};
+use crate::event::{Strategy, BY_LIBRARY_UNSEEN};
 
 /// The libraries through which CUDA programs and NVML users talk to the driver.
 pub const LIBRARIES: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
@@ -225,6 +226,59 @@ pub fn attach(ebpf: &mut Ebpf, libraries: &[Library], ioctls: bool) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Hooks the NVIDIA libraries found here; whether it did (why not is in the strategy's
+/// reasons).
+pub fn hook(
+    ebpf: &mut Ebpf,
+    strategy: &mut Strategy,
+    attached: &mut Vec<String>,
+    ioctls: bool,
+) -> bool {
+    let mut libs = Vec::new();
+    for path in find() {
+        match entries(&path) {
+            Ok(lib) if lib.entries.contains_key("ioctl") || lib.entries.contains_key("syscall") => {
+                libs.push(lib)
+            }
+            Ok(_) => strategy.reasons.push(format!(
+                "{}: no PLT entry for ioctl or syscall, not hooked",
+                path.display()
+            )),
+            Err(e) => strategy.reasons.push(format!("{e}: not hooked")),
+        }
+    }
+    if libs.is_empty() {
+        strategy.reasons.push(format!(
+            "NVIDIA libraries: none of {} found (ld.so.cache and the usual directories), \
+             system call tracepoints instead",
+            LIBRARIES.join(", ")
+        ));
+        return false;
+    }
+    if let Err(e) = attach(ebpf, &libs, ioctls) {
+        strategy.reasons.push(format!(
+            "NVIDIA libraries: {e}; system call tracepoints instead"
+        ));
+        return false;
+    }
+    for lib in &libs {
+        let imports: Vec<&str> = lib.entries.keys().map(String::as_str).collect();
+        strategy.reasons.push(format!(
+            "uprobes on the PLT entries of {}: {}",
+            lib.path.display(),
+            imports.join(", ")
+        ));
+        attached.push(format!(
+            "uprobe/{}:{{{}}}@plt",
+            lib.path.display(),
+            imports.join(",")
+        ));
+        strategy.libraries.push(lib.path.display().to_string());
+    }
+    strategy.unseen = BY_LIBRARY_UNSEEN.iter().map(|s| s.to_string()).collect();
+    true
 }
 
 #[cfg(test)]

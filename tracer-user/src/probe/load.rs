@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, BY_LIBRARY_UNSEEN, LEAN_UNSEEN},
+    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN},
     privileges,
 };
 
@@ -204,7 +204,12 @@ impl Probes {
             && !by_driver
             && !config.syscall_hooks
             && config.gpu_devices.devs.is_empty()
-            && probes.attach_libraries(config.ioctls);
+            && library::hook(
+                &mut probes.ebpf,
+                &mut probes.strategy,
+                &mut probes.attached,
+                config.ioctls,
+            );
         // Any system call tracepoint sends every system call of every task through the slow
         // path: --lean and the driver's or the libraries' hooks attach none.
         let syscall_hooks: &[(&str, &[&str])] =
@@ -278,56 +283,6 @@ impl Probes {
             .collect();
         probes.strategy.hooks.extend(driver);
         Ok(probes)
-    }
-
-    /// Hooks the NVIDIA libraries found here; whether it did (why not is in the strategy's
-    /// reasons).
-    fn attach_libraries(&mut self, ioctls: bool) -> bool {
-        let mut libs = Vec::new();
-        for path in library::find() {
-            match library::entries(&path) {
-                Ok(lib)
-                    if lib.entries.contains_key("ioctl") || lib.entries.contains_key("syscall") =>
-                {
-                    libs.push(lib)
-                }
-                Ok(_) => self.strategy.reasons.push(format!(
-                    "{}: no PLT entry for ioctl or syscall, not hooked",
-                    path.display()
-                )),
-                Err(e) => self.strategy.reasons.push(format!("{e}: not hooked")),
-            }
-        }
-        if libs.is_empty() {
-            self.strategy.reasons.push(format!(
-                "NVIDIA libraries: none of {} found (ld.so.cache and the usual directories), \
-                 system call tracepoints instead",
-                library::LIBRARIES.join(", ")
-            ));
-            return false;
-        }
-        if let Err(e) = library::attach(&mut self.ebpf, &libs, ioctls) {
-            self.strategy.reasons.push(format!(
-                "NVIDIA libraries: {e}; system call tracepoints instead"
-            ));
-            return false;
-        }
-        for lib in &libs {
-            let imports: Vec<&str> = lib.entries.keys().map(String::as_str).collect();
-            self.strategy.reasons.push(format!(
-                "uprobes on the PLT entries of {}: {}",
-                lib.path.display(),
-                imports.join(", ")
-            ));
-            self.attached.push(format!(
-                "uprobe/{}:{{{}}}@plt",
-                lib.path.display(),
-                imports.join(",")
-            ));
-            self.strategy.libraries.push(lib.path.display().to_string());
-        }
-        self.strategy.unseen = BY_LIBRARY_UNSEEN.iter().map(|s| s.to_string()).collect();
-        true
     }
 
     /// The driver's GPU-error tracepoint, where it exists with a known layout; it fires only on
