@@ -28,7 +28,7 @@ fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
         "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "pass10",
-        "pass11", "lean", "lean2", "lean3", "lean4", "xid",
+        "pass11", "pass12", "lean", "lean2", "lean3", "lean4", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
