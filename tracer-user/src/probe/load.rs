@@ -186,21 +186,9 @@ impl Probes {
             probes.strategy.by_driver = true;
             probes.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
         }
-        // No GPU device file can exist (the GPU majors are read once, at start): the system
-        // call tracepoints would have nothing to see.
-        let no_gpu_files =
-            config.gpu_devices.majors.is_empty() && config.gpu_devices.devs.is_empty();
-        if no_gpu_files && !config.lean {
-            probes.strategy.reasons.push(
-                "no GPU device files here (no NVIDIA char major in /proc/devices, no \
-                 --gpu-device): no system call tracepoint, there is nothing it could see"
-                    .into(),
-            );
-        }
         // Next best: the NVIDIA libraries' own calls, which trap only in the processes that
         // load them.
         let by_library = !config.lean
-            && !no_gpu_files
             && !by_driver
             && !config.syscall_hooks
             && config.gpu_devices.devs.is_empty()
@@ -212,34 +200,33 @@ impl Probes {
             );
         // Any system call tracepoint sends every system call of every task through the slow
         // path: --lean and the driver's or the libraries' hooks attach none.
-        let syscall_hooks: &[(&str, &[&str])] =
-            if config.lean || by_driver || by_library || no_gpu_files {
-                &[]
-            } else {
-                &[
-                    ("wait4_exit", &["sys_exit_wait4"]),
-                    (
-                        "fd_installed",
-                        &[
-                            "sys_exit_open",
-                            "sys_exit_openat",
-                            "sys_exit_openat2",
-                            "sys_exit_dup",
-                            "sys_exit_dup2",
-                            "sys_exit_dup3",
-                        ],
-                    ),
-                    ("fcntl_exit", &["sys_exit_fcntl"]),
-                    ("fd_close", &["sys_exit_close"]),
-                    ("fd_close_range", &["sys_exit_close_range"]),
-                ]
-            };
+        let syscall_hooks: &[(&str, &[&str])] = if config.lean || by_driver || by_library {
+            &[]
+        } else {
+            &[
+                ("wait4_exit", &["sys_exit_wait4"]),
+                (
+                    "fd_installed",
+                    &[
+                        "sys_exit_open",
+                        "sys_exit_openat",
+                        "sys_exit_openat2",
+                        "sys_exit_dup",
+                        "sys_exit_dup2",
+                        "sys_exit_dup3",
+                    ],
+                ),
+                ("fcntl_exit", &["sys_exit_fcntl"]),
+                ("fd_close", &["sys_exit_close"]),
+                ("fd_close_range", &["sys_exit_close_range"]),
+            ]
+        };
         // Exits only: a system call entry hook would be a second tracepoint call on every
         // system call of every process.
         for &(program, syscalls) in syscall_hooks {
             probes.attach_syscalls(program, syscalls)?;
         }
-        if config.ioctls && !config.lean && !by_driver && !by_library && !no_gpu_files {
+        if config.ioctls && !config.lean && !by_driver && !by_library {
             probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
         }
         // The search's slot is filled before the scheduler hook that jumps to it is loaded:

@@ -31,11 +31,8 @@ pub fn section(
          baseline, a traced run and a second baseline (the *no-tracer band*: second baseline / \
          first, what the machine's noise alone makes of a ratio), in rotating order. `kill-exec` \
          also runs beside `{SAME_HOOKS}`: bpftrace on the hooks linger attaches here, each \
-         program only counting (the cost of the hooks themselves, whoever traces). This machine \
-         has no GPU device file, so `linger live` attaches no system call tracepoint here: \
-         what these processes, which never touch a GPU, pay on a GPU node where linger hooks \
-         the driver's functions or the NVIDIA libraries (section 6 has the system call \
-         tracepoints' price). The workloads:\n",
+         program only counting (the cost of the hooks themselves, whoever traces). The \
+         workloads:\n",
         plan.storm_rounds
     );
     let _ = writeln!(

@@ -9,11 +9,7 @@ use anyhow::Result;
 use super::{report::Target, rounds::Rounds, Measured, Plan};
 
 /// The variants, in the order the benchmark runs them.
-pub const VARIANTS: [&str; 5] = ["base", "base", PERF, SYSCALL_HOOKS, "live --lean"];
-/// linger on its system call tracepoints: a stand-in GPU file declared (without one, on this
-/// machine with no GPU device file, linger attaches none), as on a GPU node whose kernel
-/// allows no hook on the driver's functions and whose NVIDIA libraries could not be hooked.
-pub const SYSCALL_HOOKS: &str = "live --gpu-device /dev/full";
+pub const VARIANTS: [&str; 5] = ["base", "base", PERF, "live", "live --lean"];
 /// One system call tracepoint, exit only, recording nothing.
 pub const PERF: &str = "cmd perf record -q -e syscalls:sys_exit_wait4 -o /dev/null -- sleep 600";
 /// `--lean` within this of the baseline (the untimed noise band is shown beside it).
@@ -46,21 +42,17 @@ pub fn section(
          {} rounds; each runs five variants in rotating order: no tracer twice (the second \
          shows the noise band), `perf record` with one system call tracepoint (`{}`: every \
          system call goes through the kernel's tracing slow path while any such tracepoint is \
-         attached; this is its floor), `linger live` on its system call tracepoints (exit \
-         tracepoints of the system calls it needs, no entry hook; with `--gpu-device /dev/full` \
-         declared, since here no GPU device file exists and linger then attaches none: what a \
-         GPU node pays whose kernel allows no hook on the driver's functions and whose NVIDIA \
-         libraries could not be hooked, or with `--syscall-hooks`), and `linger live --lean` \
-         (no system call tracepoint at all; the default mode where the driver's functions or \
-         the NVIDIA libraries are hooked attaches none either: BENCHMARKS-H200.md). Figures: ns per call (median), and median slowdown against the \
+         attached; this is its floor), `linger live` in the default mode (exit tracepoints of \
+         the system calls it needs, no entry hook), and `linger live --lean` (no system call \
+         tracepoint at all). Figures: ns per call (median), and median slowdown against the \
          first baseline, round by round, with its range.\n",
         plan.tax_calls,
         r.len(),
         PERF.trim_start_matches("cmd ")
     );
     md.push_str(
-        "| Calls | No tracer | Noise (no tracer again) | perf, 1 syscall tracepoint | linger, \
-         syscall tracepoints | linger --lean |\n|---|---|---|---|---|---|\n",
+        "| Calls | No tracer | Noise (no tracer again) | perf, 1 syscall tracepoint | linger \
+         default | linger --lean |\n|---|---|---|---|---|---|\n",
     );
     let mut getppid = (0.0, 0.0);
     let mut lean_worst: f64 = 0.0;
@@ -98,9 +90,9 @@ pub fn section(
     let _ = writeln!(
         md,
         "\nAdded per getppid() (median of (traced − baseline) / N): `perf` +{:.1} ns, linger \
-         on its system call tracepoints +{:.1} ns. linger's programs run for none of these calls: what they cost is \
-         the kernel's tracepoint calls, one per system call exit on its system call tracepoints (an \
-         entry hook would be a second) and none with `--lean`. The ping-pong part is dominated by \
+         default +{:.1} ns. linger's programs run for none of these calls: what they cost is \
+         the kernel's tracepoint calls, one per system call exit in the default mode (an entry \
+         hook would be a second) and none with `--lean`. The ping-pong part is dominated by \
          the two context switches and their noise.\n\nOn stock kernels (kprobes or fentry \
          allowed: Debian's 5.10, 6.1 and 6.12 in `cargo xtask vm`) the default mode attaches \
          no system call tracepoint at all, as `--lean` here: the strategy record lists every \
@@ -121,8 +113,8 @@ pub fn section(
     });
     targets.push(Target {
         what: format!(
-            "system call tracepoints: getppid at most {DEFAULT_OVER_PERF_NS} ns above `perf` \
-             with one syscall tracepoint"
+            "default mode: getppid at most {DEFAULT_OVER_PERF_NS} ns above `perf` with one \
+             syscall tracepoint"
         ),
         measured: format!(
             "+{:.1} ns vs +{:.1} ns ({:+.1} ns)",
