@@ -132,11 +132,18 @@ impl FlightRecorder {
             EventData::Nvml { .. } => self.last_nvml = Some(e.clone()),
             _ => {}
         }
-        let due = self
-            .current
-            .as_ref()
-            .is_none_or(|s| e.ts_ns.saturating_sub(s.start_ns) >= self.segment_ns);
-        if due && matches!(e.data, EventData::Tick) {
+        // The first segment starts with the first event, not the first tick: a fork in
+        // between (a holder started right after the agent) would be missing from every
+        // segment, and its incident's flight file would say the child held the files from
+        // before tracing began.
+        let due = match &self.current {
+            None => true,
+            Some(s) => {
+                e.ts_ns.saturating_sub(s.start_ns) >= self.segment_ns
+                    && matches!(e.data, EventData::Tick)
+            }
+        };
+        if due {
             self.rotate(e.ts_ns);
         }
         if let Some(s) = &mut self.current {
