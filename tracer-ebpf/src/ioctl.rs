@@ -37,14 +37,15 @@ pub fn ioctl_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// One finished ioctl of the current process, recorded when `fd` is a GPU file. `ret` is the
-/// system call's return, or the C library's (-1 on failure) when seen from an NVIDIA library.
-pub fn record(fd: u64, cmd: u64, arg: u64, ret: i64) {
+/// One finished ioctl of the current process, recorded when `fd` is a GPU file (whether it
+/// was is returned). `ret` is the system call's return, or the C library's (-1 on failure)
+/// when seen from an NVIDIA library.
+pub fn record(fd: u64, cmd: u64, arg: u64, ret: i64) -> bool {
     if fd > u32::MAX as u64 {
-        return;
+        return false;
     }
     let Some((_, file, dev)) = gpu_file_at(fd as u32) else {
-        return;
+        return false;
     };
     let cmd = cmd as u32;
     emit::<GpuIoctl>(|e| {
@@ -57,6 +58,7 @@ pub fn record(fd: u64, cmd: u64, arg: u64, ret: i64) {
             decode_rm(e, cmd, arg);
         }
     });
+    true
 }
 
 fn user<T: Copy + Default>(addr: u64) -> T {

@@ -13,7 +13,7 @@ use tracer_common::{FdOp, GpuFd};
 
 use crate::{
     emit::{current_ids, emit},
-    files::{add_holder, gpu_file_at, installed, is_holder, is_self},
+    files::{add_holder, installed, is_holder, is_self},
     ioctl,
 };
 
@@ -69,10 +69,9 @@ pub fn lib_ioctl_ret(ctx: RetProbeContext) -> u32 {
     let _ = LIB_IOCTLS.remove(tid);
     // A GPU file whose open was not seen (before linger started, or outside the library):
     // its process is a holder all the same.
-    if !is_holder(tgid) && call.fd <= u32::MAX as u64 && gpu_file_at(call.fd as u32).is_some() {
+    if ioctl::record(call.fd, call.cmd, call.arg, ctx.ret::<i64>()) && !is_holder(tgid) {
         add_holder(tgid);
     }
-    ioctl::record(call.fd, call.cmd, call.arg, ctx.ret::<i64>());
     0
 }
 

@@ -7,7 +7,6 @@ use serde::Serialize;
 
 use super::{
     attach::{attach, chain, AttachError, Hook},
-    devices::GpuDevices,
     library,
     offsets::{self, Layout},
     questions::{self, Question},
@@ -69,10 +68,8 @@ pub fn run() -> Report {
             driver_hooks =
                 strategy::attach(&mut ebpf, DriverHooks::Auto, btf.as_ref()).unwrap_or_default();
             driver_hooks.by_driver = strategy::driver_answers(&driver_hooks);
-            // Next, as `live` chooses: the NVIDIA libraries' calls, where GPU files can exist.
-            let gpu_files =
-                GpuDevices::discover(&[] as &[&str]).is_ok_and(|d| !d.majors.is_empty());
-            if !driver_hooks.by_driver && gpu_files {
+            // Next, as `live` chooses: the NVIDIA libraries' calls.
+            if !driver_hooks.by_driver {
                 library::hook(&mut ebpf, &mut driver_hooks, &mut Vec::new(), true);
             }
             for name in [

@@ -18,7 +18,7 @@ use object::{
     ReadCache, RelocationFlags, RelocationTarget,
 };
 
-use super::attach::{self, AttachError, Hook, Link};
+use super::attach::{self, AttachError, Hook};
 use crate::event::{Strategy, BY_LIBRARY_UNSEEN};
 
 /// The libraries through which CUDA programs and NVML users talk to the driver.
@@ -193,39 +193,34 @@ fn plt_jumps(
     found
 }
 
-/// Hooks every library's entries: all or, on any refusal, none (what this call attached is
-/// detached).
+/// The imports of `lib` hooked, with their programs and PLT entries' offsets.
+fn hooked(lib: &Library, ioctls: bool) -> Vec<(&'static str, &'static [&'static str], u64)> {
+    IMPORTS
+        .iter()
+        .chain([&CLOSE])
+        .filter(|(import, _)| ioctls || !IOCTL_IMPORTS.contains(import))
+        .filter_map(|&(import, programs)| Some((import, programs, *lib.entries.get(import)?)))
+        .collect()
+}
+
+/// Hooks every library's entries: all or, on any refusal, none.
 pub fn attach(ebpf: &mut Ebpf, libraries: &[Library], ioctls: bool) -> Result<(), AttachError> {
-    let mut links: Vec<Link> = Vec::new();
-    for lib in libraries {
-        let target = lib.path.to_string_lossy();
-        for (import, programs) in IMPORTS.iter().chain([&CLOSE]) {
-            if !ioctls && IOCTL_IMPORTS.contains(import) {
-                continue;
-            }
-            let Some(&offset) = lib.entries.get(*import) else {
-                continue;
+    let targets: Vec<String> = libraries
+        .iter()
+        .map(|l| l.path.to_string_lossy().into_owned())
+        .collect();
+    let mut pairs = Vec::new();
+    for (lib, library) in libraries.iter().zip(&targets) {
+        for (import, programs, offset) in hooked(lib, ioctls) {
+            let hook = Hook::PltUprobe {
+                library,
+                import,
+                offset,
             };
-            for program in *programs {
-                let hook = Hook::PltUprobe {
-                    library: &target,
-                    import,
-                    offset,
-                };
-                match attach::attach(ebpf, program, &hook, None) {
-                    Ok(link) => links.push(link),
-                    Err(e) => {
-                        for link in links {
-                            // The program stays loaded but runs nowhere.
-                            let _ = attach::detach(ebpf, link);
-                        }
-                        return Err(e);
-                    }
-                }
-            }
+            pairs.extend(programs.iter().map(|p| (*p, hook)));
         }
     }
-    Ok(())
+    attach::attach_all(ebpf, &pairs, None).map(|_| ())
 }
 
 /// Hooks the NVIDIA libraries found here; whether it did (why not is in the strategy's
@@ -264,7 +259,8 @@ pub fn hook(
         return false;
     }
     for lib in &libs {
-        let imports: Vec<&str> = lib.entries.keys().map(String::as_str).collect();
+        let mut imports: Vec<&str> = hooked(lib, ioctls).iter().map(|h| h.0).collect();
+        imports.sort_unstable();
         strategy.reasons.push(format!(
             "uprobes on the PLT entries of {}: {}",
             lib.path.display(),
