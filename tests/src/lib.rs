@@ -214,17 +214,24 @@ impl Live {
 
     /// Traces incidents of `pid` only and stops after the first one (or after 20 s).
     pub fn watch(pid: u32, survive_after: &str) -> Self {
-        Self::start([
+        Self::watch_with(pid, survive_after, &[])
+    }
+
+    /// [`Live::watch`] with more arguments for `linger live`.
+    pub fn watch_with(pid: u32, survive_after: &str, more: &[&str]) -> Self {
+        let pid = pid.to_string();
+        let args = [
             "--json",
             "--pid",
-            &pid.to_string(),
+            &pid,
             "--count",
             "1",
             "--duration",
             "20s",
             "--survive-after",
             survive_after,
-        ])
+        ];
+        Self::start(args.iter().chain(more))
     }
 
     /// The next line linger prints on stdout, parsed, while it runs; None once it ended.
@@ -319,6 +326,35 @@ pub fn list<'a>(value: &'a Value, pointer: &str) -> &'a [Value] {
 /// leaves the group's live count, so every delivery precedes the group-dead exit. Exits are
 /// bounded by the zombie notification rather than the group-dead exit: a thread can leave the
 /// live count, be preempted, and record its exit after the thread that ended the group.
+/// How the default mode names the reaper here: with no NVIDIA driver registered, no
+/// system call tracepoint is attached, so the reaper is the parent its SIGCHLD went to and the
+/// reap has bounds (`parent`); with a driver, whichever the hooks chosen give.
+pub fn default_reap_how() -> Option<&'static str> {
+    let devices = std::fs::read_to_string("/proc/devices").unwrap_or_default();
+    (!devices.contains("nvidia")).then_some("parent")
+}
+
+/// `pid` reaped the incident's process: seen returning from wait4 (`wait`, at `t_reaped_ns`),
+/// or named as the parent its SIGCHLD went to (`parent`, reaped between `t_zombie_ns` and
+/// `t_reaped_ns`, the kernel freeing the task), with its comm.
+pub fn assert_reaped_by(incident: &Value, pid: u32, how: Option<&str>) {
+    assert_eq!(num(incident, "/reaper/pid"), u64::from(pid), "{incident:#}");
+    let me = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    assert_eq!(
+        text(incident, "/reaper/comm"),
+        me.trim_end(),
+        "{incident:#}"
+    );
+    let seen = text(incident, "/reaper/how");
+    if let Some(how) = how {
+        assert_eq!(seen, how, "{incident:#}");
+    }
+    assert!(
+        ["wait", "parent"].contains(&seen),
+        "reaper seen as {seen:?}: {incident:#}"
+    );
+}
+
 pub fn assert_exit_timeline(incident: &Value) {
     let t_signal = num(incident, "/t_signal_ns");
     let t_dead = num(incident, "/t_group_dead_ns");

@@ -28,7 +28,7 @@ fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
         "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "pass10",
-        "pass11", "pass12", "lean", "lean2", "lean3", "lean4", "xid",
+        "pass11", "pass12", "pass13", "lean", "lean2", "lean3", "lean4", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
@@ -363,6 +363,48 @@ fn a_kill_storm_reports_each_release_and_the_devices_return() {
         let last = *backs.iter().max().expect("victims");
         close(&s.name, "device back", last, ns(&s.truth, "/t_back_ns"));
     }
+}
+
+/// The harness reaped every victim: where wait4 was traced, its return is the poll's reap;
+/// otherwise the reaper is the parent the SIGCHLD went to, and the poll's reap (its waitpid()
+/// returning) lies between the zombie transition and the kernel freeing the task.
+#[test]
+fn every_victims_reap_is_within_the_bounds_its_incident_gives() {
+    let mut checked = 0;
+    for (dir, all) in suite() {
+        for s in all {
+            let name = format!("{}/{}", dir.display(), s.name);
+            for v in s.truth["victims"].as_array().expect("victims") {
+                let Some(truth) = v["t_reaped_ns"].as_u64() else {
+                    continue;
+                };
+                // A record printed before the reap (nothing to update after it) has none.
+                let Some(inc) = s
+                    .records(ns(v, "/pid"))
+                    .into_iter()
+                    .map(|(_, r)| r)
+                    .rfind(|r| r["t_reaped_ns"].is_u64())
+                else {
+                    continue;
+                };
+                checked += 1;
+                let reaped = ns(inc, "/t_reaped_ns");
+                match inc["reaper"]["how"].as_str() {
+                    Some("wait") => close(&name, "reap", reaped, truth),
+                    Some("parent") => {
+                        let zombie = ns(inc, "/t_zombie_ns");
+                        assert!(
+                            zombie <= truth && truth <= reaped,
+                            "{name}: reaped at {truth}, outside {zombie}..{reaped}: {inc}"
+                        );
+                        assert!(inc["reaper"]["pid"].as_u64().is_some(), "{name}: {inc}");
+                    }
+                    other => panic!("{name}: reaper {other:?}: {inc}"),
+                }
+            }
+        }
+    }
+    assert!(checked >= 50, "only {checked} victims' reaps were reported");
 }
 
 /// One GPU here: every victim's memory is one part, on GPU0, with the sums' figures, its

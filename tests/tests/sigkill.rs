@@ -3,16 +3,29 @@
 
 use std::{collections::BTreeSet, os::unix::process::ExitStatusExt};
 
-use linger_tests::{assert_exit_timeline, exit_tids, list, num, require_root, text, Live, Target};
+use linger_tests::{
+    assert_exit_timeline, assert_reaped_by, default_reap_how, exit_tids, list, num, require_root,
+    text, Live, Target,
+};
 use nix::sys::signal::Signal;
 
 #[test]
 fn sigkill_of_a_five_thread_child() {
+    sigkill_of_a_five_thread_child_in(&[], default_reap_how());
+}
+
+/// With the system call tracepoints, wait4's return names the reaper and the reap's time.
+#[test]
+fn sigkill_reaped_through_the_wait4_tracepoint() {
+    sigkill_of_a_five_thread_child_in(&["--syscall-hooks"], Some("wait"));
+}
+
+fn sigkill_of_a_five_thread_child_in(args: &[&str], reap_how: Option<&str>) {
     require_root();
     let mut target = Target::start(5, "default");
     let tids = target.tids();
     assert_eq!(tids.len(), 5, "__target --threads 5 runs 5 threads");
-    let live = Live::watch(target.pid, "10s");
+    let live = Live::watch_with(target.pid, "10s", args);
 
     target.child.signal(Signal::SIGKILL);
     let sender_tid = nix::unistd::gettid().as_raw() as u32;
@@ -44,8 +57,7 @@ fn sigkill_of_a_five_thread_child() {
     // The exit status linger read in the kernel is the one wait() gave us.
     assert_eq!(status.signal(), Some(9), "the child died of SIGKILL");
     assert_eq!(num(inc, "/exit/signal"), 9, "{inc:#}");
-    assert_eq!(num(inc, "/reaper/pid"), u64::from(me), "{inc:#}");
-    assert_eq!(text(inc, "/reaper/how"), "wait");
+    assert_reaped_by(inc, me, reap_how);
 }
 
 #[test]

@@ -4,7 +4,10 @@
 
 use std::{collections::BTreeSet, os::unix::process::ExitStatusExt};
 
-use linger_tests::{assert_exit_timeline, exit_tids, list, num, require_root, text, Live, Target};
+use linger_tests::{
+    assert_exit_timeline, assert_reaped_by, default_reap_how, exit_tids, list, num, require_root,
+    text, Live, Target,
+};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -57,8 +60,7 @@ fn assert_reaped_by_us(t: &Traced) {
     assert_eq!(text(inc, "/outcome"), "exited");
     assert_eq!(exit_tids(inc), t.tids, "{inc:#}");
     assert_exit_timeline(inc);
-    assert_eq!(num(inc, "/reaper/pid"), u64::from(std::process::id()));
-    assert_eq!(text(inc, "/reaper/how"), "wait");
+    assert_reaped_by(inc, std::process::id(), default_reap_how());
 }
 
 #[test]

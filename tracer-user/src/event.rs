@@ -399,6 +399,11 @@ pub struct Strategy {
     /// is in `unseen`.
     #[serde(default)]
     pub libraries: Vec<String>,
+    /// No NVIDIA driver was registered when tracing began (and no `--gpu-device` was
+    /// declared): no GPU file could be opened, so no system call tracepoint was attached until
+    /// the driver came (`reasons` says when).
+    #[serde(default)]
+    pub no_driver: bool,
     #[serde(default)]
     pub unseen: Vec<String>,
     /// Every hook the collector attached: `tp_btf/sched_process_fork`,
@@ -410,11 +415,20 @@ pub struct Strategy {
     pub xid_tracepoint: bool,
 }
 
+/// What every mode without the `wait4` tracepoint gives up.
+pub const WAIT4_UNSEEN: &str = "wait4: the reaper is the parent the dead process's SIGCHLD went \
+     to, and the reap lies between its zombie transition and the kernel freeing the task an RCU \
+     grace period later";
+
+/// What the mode without a system call tracepoint gives up where no NVIDIA driver is
+/// registered: only the reap's exact time (no GPU file can exist).
+pub const NO_DRIVER_UNSEEN: [&str; 1] = [WAIT4_UNSEEN];
+
 /// What `--lean` gives up, and how the answer is still obtained.
 pub const LEAN_UNSEEN: [&str; 4] = [
     "GPU ioctls: no allocation ledger, no collateral (refused allocations), imports known from NVML's figures only",
     "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's process list (a /proc look at each new pid), forks, and the exec and exit walks of their descriptor tables",
-    "wait4: the reap is the kernel freeing the task, an upper bound",
+    WAIT4_UNSEEN,
     "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at the signal",
 ];
 
@@ -427,7 +441,7 @@ pub const BY_LIBRARY_UNSEEN: [&str; 4] = [
     "closes of GPU descriptors by the program itself (not the library): a process that closed \
      its descriptor while the file lives on elsewhere counts as holding it until its next \
      exec or exit walk",
-    "wait4: the reap is the kernel freeing the task, an upper bound",
+    WAIT4_UNSEEN,
     "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started \
      at the signal",
 ];
@@ -436,7 +450,7 @@ pub const BY_LIBRARY_UNSEEN: [&str; 4] = [
 pub const BY_DRIVER_UNSEEN: [&str; 2] = [
     "dups and closes of GPU descriptors: a process that closed its descriptor while the file \
      lives on elsewhere counts as holding it until its next exec or exit walk",
-    "wait4: the reap is the kernel freeing the task, an upper bound",
+    WAIT4_UNSEEN,
 ];
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -289,11 +289,12 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
     let mut storms = Vec::new();
     // Quoted as one argument in the commands the report shows.
     let same_hooks = format!("'{}'", storms::SAME_HOOKS);
+    let syscall_hooks = format!("'{}'", storms::SYSCALL_HOOKS);
     for &(workload, iterations) in &plan.storm {
         let mut extra = vec!["--threads", &threads];
         extra.extend(storms::VARIANTS.iter().flat_map(|v| ["--variant", v]));
         if workload == "kill-exec" {
-            extra.extend(["--variant", &same_hooks]);
+            extra.extend(["--variant", &same_hooks, "--variant", &syscall_hooks]);
         }
         storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
     }
@@ -303,7 +304,12 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
         storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
     }
     let gpu = ["--gpu-device", GPU_DEVICE];
-    let ioctl = storm("ioctl", plan.ioctls, plan.ioctl_rounds, &[])?;
+    let plain_variants: Vec<String> = ioctl::PLAIN_VARIANTS
+        .iter()
+        .flat_map(|v| ["--variant".to_string(), format!("'{v}'")])
+        .collect();
+    let plain_variants: Vec<&str> = plain_variants.iter().map(String::as_str).collect();
+    let ioctl = storm("ioctl", plan.ioctls, plan.ioctl_rounds, &plain_variants)?;
     let gpu_ioctl = storm("ioctl-gpu", plan.gpu_ioctls, plan.ioctl_rounds, &gpu)?;
     let idle = storm(
         "spin",

@@ -241,8 +241,17 @@ fn check_run(config: &Config, storm: &mut Storm) -> Result<Value> {
         iterations,
         ..config.clone()
     };
+    // The first traced variant's flags: the accounting is of the programs its pairs measure.
+    let args = config
+        .variants
+        .iter()
+        .find_map(|v| match v {
+            Variant::Live(args) => Some(args.as_slice()),
+            _ => None,
+        })
+        .unwrap_or_default();
     storm.first_part_only = true;
-    let traced = traced_run(&check, storm, &[], "check", events, true);
+    let traced = traced_run(&check, storm, args, "check", events, true);
     storm.first_part_only = false;
     let traced = traced?;
     let o = &traced.output;

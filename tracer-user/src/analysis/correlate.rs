@@ -123,6 +123,8 @@ pub(super) struct Case {
     /// NVML listed it, or the ledger saw it allocate: the memory of its files is its own.
     owns: bool,
     pub holder_gone: BTreeMap<u32, Option<u64>>,
+    /// The process its SIGCHLD went to, and its comm: the one that reaps it.
+    parent: Option<(u32, String)>,
     /// References to its files at death that no known holder accounted for; less as the
     /// search finds their holders.
     pub unaccounted: u64,
@@ -205,7 +207,7 @@ impl Correlator {
                 ..
             } => {
                 if *sig == SIGCHLD {
-                    self.zombie(e.pid, e.ts_ns);
+                    self.zombie(e.pid, (*target_pid, target_comm.clone()), e.ts_ns);
                 } else {
                     let sender = sender_of(e, *code, sender_comm);
                     let target = Target {
@@ -415,6 +417,7 @@ impl Correlator {
             owns: false,
             ledger_parts: Vec::new(),
             holder_gone: BTreeMap::new(),
+            parent: None,
             unaccounted: 0,
             reported: None,
             stuck_reported: false,
@@ -645,12 +648,13 @@ impl Correlator {
     }
 
     /// SIGCHLD from `pid`: it is a zombie, its files released.
-    fn zombie(&mut self, pid: u32, t_ns: u64) {
+    fn zombie(&mut self, pid: u32, parent: (u32, String), t_ns: u64) {
         let Some(&id) = self.unreaped.get(&pid) else {
             return;
         };
         if let Some(c) = self.cases.get_mut(&id) {
             c.inc.t_zombie_ns.get_or_insert(t_ns);
+            c.parent.get_or_insert(parent);
         }
         self.agenda.touch(id);
         self.kernel_released(id, t_ns);
@@ -684,17 +688,9 @@ impl Correlator {
             if c.inc.t_reaped_ns.is_none() {
                 c.inc.t_reaped_ns = Some(e.ts_ns);
                 c.inc.reaper = Some(if by_wait {
-                    Reaper {
-                        pid: Some(e.pid),
-                        comm: Some(comm.to_string()),
-                        how: ReapHow::Wait,
-                    }
+                    Reaper::waited(e.pid, comm)
                 } else {
-                    Reaper {
-                        pid: None,
-                        comm: None,
-                        how: ReapHow::Freed,
-                    }
+                    freed_by(c)
                 });
             }
         }
@@ -1258,6 +1254,19 @@ impl Correlator {
             c.reported = state;
         }
         Output::Incident(Box::new(inc))
+    }
+}
+
+/// Who reaped a process seen only when the kernel freed it: the parent its SIGCHLD went to
+/// (only the parent's wait can reap it; a process that sent none was auto-reaped).
+fn freed_by(c: &Case) -> Reaper {
+    match &c.parent {
+        Some((pid, comm)) => Reaper {
+            pid: Some(*pid),
+            comm: Some(comm.clone()),
+            how: ReapHow::Parent,
+        },
+        None => Reaper::freed(),
     }
 }
 

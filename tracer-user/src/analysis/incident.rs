@@ -359,12 +359,37 @@ pub struct Reaper {
     pub how: ReapHow,
 }
 
+impl Reaper {
+    /// The reaper's wait4() returned the pid.
+    pub fn waited(pid: u32, comm: &str) -> Self {
+        Self {
+            pid: Some(pid),
+            comm: Some(comm.to_string()),
+            how: ReapHow::Wait,
+        }
+    }
+
+    /// Nobody seen: the kernel freed the task.
+    pub fn freed() -> Self {
+        Self {
+            pid: None,
+            comm: None,
+            how: ReapHow::Freed,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReapHow {
-    /// The reaper's wait4() returned the pid.
+    /// The reaper's wait4() returned the pid, at `t_reaped_ns` exactly.
     Wait,
-    /// Seen only when the kernel freed the task (an upper bound on the reap time).
+    /// No wait4 hook: its parent (the process its SIGCHLD went to) reaped it, between
+    /// `t_zombie_ns` and `t_reaped_ns`, when the kernel freed the task an RCU grace period
+    /// later.
+    Parent,
+    /// Seen only when the kernel freed the task, and no SIGCHLD went to a parent (auto-reaped,
+    /// or its parent ignores SIGCHLD): `t_reaped_ns` is an upper bound.
     Freed,
 }
 

@@ -79,7 +79,8 @@ pub struct Args {
     /// Where the kernel allows no hook on the driver's functions, follow GPU opens, closes and
     /// ioctls through system call tracepoints (every process's system calls pay for them)
     /// rather than through uprobes on the NVIDIA libraries (only their users pay), which miss
-    /// what a process does outside those libraries.
+    /// what a process does outside those libraries; and attach them from the start where no
+    /// NVIDIA driver is registered yet (otherwise none until it registers).
     #[arg(long, conflicts_with = "lean")]
     pub syscall_hooks: bool,
     /// Do not follow GPU ioctls (no allocation ledger; holders and teardown still traced).

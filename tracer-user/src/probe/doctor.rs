@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     attach::{attach, chain, AttachError, Hook},
+    devices::GpuDevices,
     library,
     offsets::{self, Layout},
     questions::{self, Question},
@@ -71,6 +72,15 @@ pub fn run() -> Report {
             // Next, as `live` chooses: the NVIDIA libraries' calls.
             if !driver_hooks.by_driver {
                 library::hook(&mut ebpf, &mut driver_hooks, &mut Vec::new(), true);
+            }
+            // Then, as `live` chooses: nothing at all where no GPU file can exist.
+            let devices = GpuDevices::discover(&[] as &[&str]).unwrap_or_default();
+            if !driver_hooks.by_driver
+                && driver_hooks.libraries.is_empty()
+                && strategy::no_gpu_files(&devices)
+            {
+                driver_hooks.no_driver = true;
+                driver_hooks.reasons.push(strategy::NO_DRIVER_REASON.into());
             }
             for name in [
                 "tracepoint",

@@ -247,15 +247,15 @@ pub fn hook(
     if libs.is_empty() {
         strategy.reasons.push(format!(
             "NVIDIA libraries: none of {} found (ld.so.cache and the usual directories), \
-             system call tracepoints instead",
+             none hooked",
             LIBRARIES.join(", ")
         ));
         return false;
     }
     if let Err(e) = attach(ebpf, &libs, ioctls) {
-        strategy.reasons.push(format!(
-            "NVIDIA libraries: {e}; system call tracepoints instead"
-        ));
+        strategy
+            .reasons
+            .push(format!("NVIDIA libraries: {e}; none hooked"));
         return false;
     }
     for lib in &libs {

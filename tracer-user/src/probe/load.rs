@@ -12,14 +12,14 @@ use tracer_common::XidLayout;
 
 use super::{
     attach::{self, AttachError, Cause, Hook},
-    devices::GpuDevices,
+    devices::{self, GpuDevices},
     library, offsets,
     sampling::Sampler,
     strategy, tracefs, xid, EBPF_OBJECT,
 };
 use crate::{
     error::{Error, Result},
-    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN},
+    event::{DriverHooks, Strategy, BY_DRIVER_UNSEEN, LEAN_UNSEEN, NO_DRIVER_UNSEEN},
     privileges,
 };
 
@@ -103,6 +103,8 @@ pub struct Probes {
     attached: Vec<String>,
     /// When the programs were last asked to walk processes (see `search`).
     pub(super) searching_since: Option<Instant>,
+    /// Whether the ioctl tracepoint goes with the others when the driver comes.
+    ioctls: bool,
 }
 
 impl Probes {
@@ -152,6 +154,7 @@ impl Probes {
             sampler: None,
             attached: Vec::new(),
             searching_since: None,
+            ioctls: false,
         };
 
         let exit_program = if has_group_dead {
@@ -198,36 +201,27 @@ impl Probes {
                 &mut probes.attached,
                 config.ioctls,
             );
+        // No NVIDIA driver registered and no device declared: no GPU file can be opened
+        // until the driver comes (`watch_driver`), so the system call tracepoints would
+        // see nothing of GPUs.
+        let no_driver = !config.lean
+            && !by_driver
+            && !by_library
+            && !config.syscall_hooks
+            && strategy::no_gpu_files(&config.gpu_devices);
         // Any system call tracepoint sends every system call of every task through the slow
-        // path: --lean and the driver's or the libraries' hooks attach none.
-        let syscall_hooks: &[(&str, &[&str])] = if config.lean || by_driver || by_library {
-            &[]
-        } else {
-            &[
-                ("wait4_exit", &["sys_exit_wait4"]),
-                (
-                    "fd_installed",
-                    &[
-                        "sys_exit_open",
-                        "sys_exit_openat",
-                        "sys_exit_openat2",
-                        "sys_exit_dup",
-                        "sys_exit_dup2",
-                        "sys_exit_dup3",
-                    ],
-                ),
-                ("fcntl_exit", &["sys_exit_fcntl"]),
-                ("fd_close", &["sys_exit_close"]),
-                ("fd_close_range", &["sys_exit_close_range"]),
-            ]
-        };
-        // Exits only: a system call entry hook would be a second tracepoint call on every
-        // system call of every process.
-        for &(program, syscalls) in syscall_hooks {
-            probes.attach_syscalls(program, syscalls)?;
+        // path: --lean, the driver's or the libraries' hooks, and no driver at all attach none.
+        if !(config.lean || by_driver || by_library || no_driver) {
+            probes.attach_syscall_hooks(config.ioctls)?;
         }
-        if config.ioctls && !config.lean && !by_driver && !by_library {
-            probes.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
+        if no_driver {
+            probes.strategy.no_driver = true;
+            probes.strategy.unseen = NO_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+            probes
+                .strategy
+                .reasons
+                .push(strategy::NO_DRIVER_REASON.into());
+            probes.ioctls = config.ioctls;
         }
         // The search's slot is filled before the scheduler hook that jumps to it is loaded:
         // filled later, the kernel would patch the jump into a program running on every
@@ -298,6 +292,36 @@ impl Probes {
         Ok(())
     }
 
+    /// The system call tracepoints that see GPU files' opens, dups, closes and ioctls, and
+    /// wait4. Exits only: an entry hook would be a second tracepoint call on every system call
+    /// of every process.
+    fn attach_syscall_hooks(&mut self, ioctls: bool) -> Result<()> {
+        const HOOKS: [(&str, &[&str]); 5] = [
+            ("wait4_exit", &["sys_exit_wait4"]),
+            (
+                "fd_installed",
+                &[
+                    "sys_exit_open",
+                    "sys_exit_openat",
+                    "sys_exit_openat2",
+                    "sys_exit_dup",
+                    "sys_exit_dup2",
+                    "sys_exit_dup3",
+                ],
+            ),
+            ("fcntl_exit", &["sys_exit_fcntl"]),
+            ("fd_close", &["sys_exit_close"]),
+            ("fd_close_range", &["sys_exit_close_range"]),
+        ];
+        for (program, syscalls) in HOOKS {
+            self.attach_syscalls(program, syscalls)?;
+        }
+        if ioctls {
+            self.attach_syscalls("ioctl_exit", &["sys_exit_ioctl"])?;
+        }
+        Ok(())
+    }
+
     /// Attaches one program to several syscall tracepoints; those this kernel lacks (open on
     /// architectures without it, openat2 before 5.6) are skipped.
     fn attach_syscalls(&mut self, program: &str, names: &[&str]) -> Result<()> {
@@ -361,6 +385,42 @@ impl Probes {
                 .map_err(|e| Error::Load(e.to_string()))?;
         }
         Ok(())
+    }
+
+    /// Where tracing began without an NVIDIA driver: once /proc/devices lists its majors,
+    /// tells the programs about them and attaches the system call tracepoints (once, whatever
+    /// comes of it: the strategy's `reasons` says). The driver's devices, when it came.
+    pub fn watch_driver(&mut self) -> Option<GpuDevices> {
+        if !self.strategy.no_driver {
+            return None;
+        }
+        let listing = crate::source::machine::proc_devices().ok()?;
+        let devices = GpuDevices {
+            majors: devices::nvidia_majors(&listing),
+            devs: Vec::new(),
+        };
+        if devices.majors.is_empty() {
+            return None;
+        }
+        self.strategy.no_driver = false;
+        let attached = self
+            .fill_gpu_devices(&devices)
+            .and_then(|()| self.attach_syscall_hooks(self.ioctls));
+        self.strategy.reasons.push(match attached {
+            Ok(()) => format!(
+                "NVIDIA driver registered after start (majors {:?}): system call tracepoints \
+                 attached, holders from a /proc snapshot",
+                devices.majors
+            ),
+            Err(e) => format!(
+                "NVIDIA driver registered after start: its system call tracepoints could not \
+                 be attached ({e})"
+            ),
+        });
+        let new = std::mem::take(&mut self.attached);
+        self.strategy.hooks.extend(new);
+        self.strategy.unseen.clear();
+        Some(devices)
     }
 
     /// Marks processes found holding GPU files before tracing began.

@@ -17,6 +17,15 @@ pub struct Question {
     pub cost: &'static str,
 }
 
+/// How the reap is bounded without the wait4 tracepoint.
+const REAP_BOUNDED: &str = "the parent the SIGCHLD went to (tp_btf/signal_generate) reaps, \
+     after that zombie transition and by tp_btf/sched_process_free (an RCU grace period after \
+     the reap)";
+
+/// The GPU questions where no NVIDIA driver is registered.
+const NO_DRIVER: &str = "nothing to see: no NVIDIA driver is registered, so no GPU file can be \
+     opened (the system call tracepoints are attached when it registers)";
+
 /// Every question, answered for the driver hooks `strategy` chose here.
 pub fn table(strategy: &Strategy) -> Vec<Question> {
     let release = match strategy.fput {
@@ -32,9 +41,25 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             driver
         } else if by_library {
             library
+        } else if strategy.no_driver {
+            NO_DRIVER
         } else {
             syscalls
         }
+    };
+    // The cost column: with no driver, nothing is attached for the GPU questions.
+    let pick_cost = |driver, library, syscalls| {
+        if strategy.no_driver && !by_driver && !by_library {
+            "none: no hook attached"
+        } else {
+            pick(driver, library, syscalls)
+        }
+    };
+    let reaping_cost = if by_driver || by_library || strategy.no_driver {
+        "fires once per process"
+    } else {
+        "a system call tracepoint: every system call of every process takes the slow path \
+         while it is attached (the syscall tax, BENCHMARKS.md)"
     };
     let xids = if strategy.xid_tracepoint {
         "tracepoint nvidia/nvidia_dev_xid; the process it names from the driver's line in the \
@@ -63,21 +88,14 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "reaping",
-            pick(
-                "tp_btf/sched_process_free (an RCU grace period after the reap: an upper \
-                 bound)",
-                "tp_btf/sched_process_free (an RCU grace period after the reap: an upper \
-                 bound)",
+            if by_driver || by_library || strategy.no_driver {
+                REAP_BOUNDED
+            } else {
                 "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
-                 tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)",
-            ),
-            "tp_btf/sched_process_free only (an upper bound)",
-            pick(
-                "fires once per process",
-                "fires once per process",
-                "a system call tracepoint: every system call of every process takes the slow \
-                 path while it is attached (the syscall tax, BENCHMARKS.md)",
-            ),
+                 tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)"
+            },
+            REAP_BOUNDED,
+            reaping_cost,
         ),
         q(
             "who holds GPU files",
@@ -93,7 +111,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             ),
             "the start-up snapshot, NVML's process list (a /proc look at each new pid), tp_btf \
              fork, exec and exit walks",
-            pick(
+            pick_cost(
                 "the driver hooks fire for GPU files only",
                 "a trap per call, in processes that load those libraries only",
                 "system call tracepoints (the syscall tax); linger's programs run for those \
@@ -116,7 +134,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
                 "tracepoint syscalls/sys_exit_ioctl (no duration: no entry hook)",
             ),
             "not seen: imports from NVML's figures only, no ledger or collateral",
-            pick(
+            pick_cost(
                 "the driver hooks fire for GPU ioctls only",
                 "two traps per ioctl, in processes that load those libraries only",
                 "system call tracepoints (the syscall tax); non-holders stop at one map lookup",

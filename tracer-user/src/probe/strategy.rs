@@ -7,7 +7,10 @@ use std::fs;
 
 use aya::{Btf, Ebpf};
 
-use super::attach::{attach_all, AttachError, Hook};
+use super::{
+    attach::{attach_all, AttachError, Hook},
+    devices::GpuDevices,
+};
 use crate::{
     error::Result,
     event::{DriverFunc, DriverHooks, HookKind, Strategy},
@@ -47,6 +50,17 @@ pub fn driver_answers(s: &Strategy) -> bool {
             .filter(|f| uvm || **f != DriverFunc::UvmOpenEntry)
             .all(|f| s.driver_functions.iter().any(|h| h == f.symbol()))
 }
+
+/// Whether the system call tracepoints would see nothing of GPUs: no NVIDIA driver registered
+/// (/proc/devices) and no device declared with `--gpu-device`. Then none is attached until the
+/// driver registers.
+pub fn no_gpu_files(devices: &GpuDevices) -> bool {
+    devices.majors.is_empty() && devices.devs.is_empty()
+}
+
+/// The strategy's reason when [`no_gpu_files`] holds.
+pub const NO_DRIVER_REASON: &str = "system call tracepoints: none, no NVIDIA driver is registered \
+     (/proc/devices) and no --gpu-device declared; attached when the driver registers";
 
 /// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
 /// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
@@ -108,6 +122,12 @@ pub fn describe(s: &Strategy) -> String {
             "no system call tracepoint, opens, closes and ioctls of GPU files from uprobes on \
              the PLT entries of {}: {hooks}",
             s.libraries.join(", ")
+        );
+    }
+    if s.no_driver {
+        return format!(
+            "no system call tracepoint: no NVIDIA driver is registered, so no GPU file can be \
+             opened (they are attached when it comes): {hooks}"
         );
     }
     if s.by_driver {

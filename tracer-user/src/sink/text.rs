@@ -207,6 +207,13 @@ fn steps(inc: &Incident) -> Vec<String> {
             e(r.comm.as_deref().unwrap_or("?")),
             r.pid.unwrap_or(0)
         )),
+        (Some(t), Some(r)) if r.how == ReapHow::Parent => steps.push(format!(
+            "reaped by its parent {}[{}] between +{} and +{}",
+            e(r.comm.as_deref().unwrap_or("?")),
+            r.pid.unwrap_or(0),
+            ms(inc.ms_after_signal(inc.t_zombie_ns.unwrap_or(t))),
+            ms(inc.ms_after_signal(t))
+        )),
         (Some(t), _) => steps.push(format!("freed by +{}", ms(inc.ms_after_signal(t)))),
         (None, _) if inc.outcome == Outcome::Exited => steps.push("not reaped yet".into()),
         _ => {}

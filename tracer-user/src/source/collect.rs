@@ -106,6 +106,7 @@ pub async fn run_tapped(
                     for loss in source.poll_losses(now) {
                         push(&mut batch, tap, loss);
                     }
+                    driver_check(&mut source, gpu.as_deref_mut(), &mut batch, tap, now);
                 }
                 let tick = Event::collector(now, EventData::Tick);
                 push(&mut batch, tap, tick);
@@ -169,6 +170,33 @@ fn drain(
         for e in found {
             push(batch, tap, e);
         }
+    }
+}
+
+/// Tracing began without an NVIDIA driver: once it registers, the system call tracepoints
+/// are attached (see [`KernelSource::watch_driver`]); the new strategy, the devices and who
+/// holds them already go into the stream.
+fn driver_check(
+    source: &mut KernelSource,
+    gpu: Option<&mut GpuSources>,
+    batch: &mut Vec<Event>,
+    tap: &mut impl Tap,
+    now: u64,
+) {
+    let Some((strategy, devices)) = source.watch_driver() else {
+        return;
+    };
+    push(
+        batch,
+        tap,
+        Event::collector(now, EventData::Strategy(strategy)),
+    );
+    if let Some(gpu) = gpu {
+        let (events, holders) = gpu.driver_registered(devices, now);
+        for e in events {
+            push(batch, tap, e);
+        }
+        source.add_holders(holders);
     }
 }
 

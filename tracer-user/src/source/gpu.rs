@@ -153,6 +153,43 @@ impl GpuSources {
         }
     }
 
+    /// The NVIDIA driver registered after tracing began: its devices are GPU files from now on.
+    /// Who opened them before the system call tracepoints came, from /proc, as snapshot
+    /// events after the devices; and those pids, for the kernel's holder set.
+    pub fn driver_registered(
+        &mut self,
+        devices: GpuDevices,
+        now_ns: u64,
+    ) -> (Vec<Event>, Vec<u32>) {
+        let found = procfs::snapshot_of(procfs::others(), &devices, &self.how, self.last_group);
+        let mut holders = Vec::new();
+        for d in &found {
+            match d {
+                EventData::SnapshotFd { holder, group, .. } => {
+                    holders.push(*holder);
+                    self.last_group = self.last_group.max(*group);
+                }
+                EventData::ProcInfo(p) => {
+                    self.described.insert(p.pid);
+                }
+                _ => {}
+            }
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        self.looked_up.extend(holders.iter().copied());
+        let mut events = vec![Event::collector(
+            now_ns,
+            EventData::GpuDevices {
+                majors: devices.majors.clone(),
+                devs: devices.devs.clone(),
+            },
+        )];
+        events.extend(found.into_iter().map(|d| Event::collector(now_ns, d)));
+        self.devices = devices;
+        (events, holders)
+    }
+
     /// With `--lean`: the GPU descriptors of pids an NVML reading lists for the first time,
     /// from /proc, as snapshot events; and those pids, for the kernel's holder set.
     pub fn discover(&mut self, reading: &Event) -> (Vec<Event>, Vec<u32>) {

@@ -7,8 +7,8 @@ use tokio::io::{unix::AsyncFd, Interest};
 use super::{collect::Tap, decode::decode};
 use crate::{
     error::Result,
-    event::{Event, EventData},
-    probe::Probes,
+    event::{Event, EventData, Strategy},
+    probe::{devices::GpuDevices, Probes},
 };
 
 pub struct KernelSource {
@@ -94,6 +94,20 @@ impl KernelSource {
     pub fn refresh_hints(&mut self) {
         self.probes.refresh_dying_hint();
         self.probes.refresh_search();
+    }
+
+    /// See [`Probes::watch_driver`]: the strategy then, and the driver's devices.
+    pub fn watch_driver(&mut self) -> Option<(Strategy, GpuDevices)> {
+        let devices = self.probes.watch_driver()?;
+        warn!(
+            "{}",
+            self.probes
+                .strategy()
+                .reasons
+                .last()
+                .map_or("", |r| r.as_str())
+        );
+        Some((self.probes.strategy().clone(), devices))
     }
 
     /// See [`Probes::search`].

@@ -161,7 +161,7 @@ pub fn dead_or_invisible(pid: u32) -> bool {
 
 /// Every process in /proc but linger: its own NVML use opens nvidiactl, which holds no GPU
 /// memory.
-fn others() -> impl Iterator<Item = u32> {
+pub fn others() -> impl Iterator<Item = u32> {
     let me = std::process::id();
     fs::read_dir("/proc")
         .into_iter()

@@ -16,6 +16,9 @@ use super::{
 pub const VARIANTS: [&str; 3] = ["base", "live", "base"];
 /// A fourth variant of the kill-exec storm: the same hooks with programs that only count.
 pub const SAME_HOOKS: &str = "cmd bpftrace scripts/bench/same-hooks.bt";
+/// A fifth: linger with the system call tracepoints, as on a GPU node of this kernel whose
+/// NVIDIA libraries are not found (this machine has no driver, so its default attaches none).
+pub const SYSCALL_HOOKS: &str = "live --syscall-hooks";
 
 pub fn section(
     md: &mut String,
@@ -31,9 +34,12 @@ pub fn section(
          baseline, a traced run and a second baseline (the *no-tracer band*: second baseline / \
          first, what the machine's noise alone makes of a ratio), in rotating order. `kill-exec` \
          also runs beside `{SAME_HOOKS}`: bpftrace on the hooks linger attaches here, each \
-         program only counting (the cost of the hooks themselves, whoever traces). The \
-         workloads:\n",
-        plan.storm_rounds
+         program only counting (the cost of the hooks themselves, whoever traces), and under \
+         `linger {}`: the system call tracepoints that a GPU node of this kernel without the \
+         NVIDIA libraries gets (this machine has no NVIDIA driver, so its default attaches \
+         none). The workloads:\n",
+        plan.storm_rounds,
+        SYSCALL_HOOKS.trim_start_matches("live ")
     );
     let _ = writeln!(
         md,
@@ -62,7 +68,7 @@ pub fn section(
         let r = if r.variants().len() == VARIANTS.len() {
             r.expect(&VARIANTS)?
         } else {
-            r.expect(&[VARIANTS.as_slice(), &[SAME_HOOKS]].concat())?
+            r.expect(&[VARIANTS.as_slice(), &[SAME_HOOKS, SYSCALL_HOOKS]].concat())?
         };
         let row = Row::new(&r)?;
         md.push_str(&row.markdown);
@@ -108,10 +114,10 @@ pub fn section(
 pub const TABLE_HEAD: &str = "| Workload | Iterations per run | Baseline, µs per iteration | \
 Traced, µs per iteration | Slowdown (median) | Spread (min – max) | No-tracer band (median; \
 min – max) | Workload CPU time, traced / baseline (median; no-tracer band) | Same hooks in \
-bpftrace (median) | `linger live` CPU, µs per iteration (% of one \
-core) | `linger live` wake-ups per iteration | Machine busy, baseline / traced | Incidents per \
+bpftrace (median) | `linger live --syscall-hooks` (median) | `linger live` CPU, µs per \
+iteration (% of one core) | `linger live` wake-ups per iteration | Machine busy, baseline / traced | Incidents per \
 traced run | Dropped records |\n\
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// What the storm tables' columns mean, and the list of pairs that follows.
 pub fn footnote(cpus: f64) -> String {
@@ -125,7 +131,7 @@ pub fn footnote(cpus: f64) -> String {
          alone keeps about one of the {cpus} CPUs busy, so a baseline figure well above {:.0} % \
          means other jobs were competing. *Wake-ups*: voluntary context switches of `linger \
          live`. Every round's slowdown, with the order its runs went in (A baseline, B traced, C \
-         the second baseline, D bpftrace) and the machine busy during its baseline / traced \
+         the second baseline, D bpftrace, E `--syscall-hooks`) and the machine busy during its baseline / traced \
          run:\n",
         100.0 / cpus
     )
@@ -145,9 +151,12 @@ impl Row {
         let traced = r.part_summary(1, 0)?;
         let ratio = r.ratio_summary(1, 0)?;
         let band = r.ratio_summary(2, 0)?;
-        let same_hooks = match r.variants().len() > VARIANTS.len() {
-            true => format!("{:.3}", r.ratio_summary(3, 0)?.median),
-            false => "–".to_string(),
+        let (same_hooks, syscall_hooks) = match r.variants().len() > VARIANTS.len() {
+            true => (
+                format!("{:.3}", r.ratio_summary(3, 0)?.median),
+                format!("{:.3}", r.ratio_summary(4, 0)?.median),
+            ),
+            false => ("–".to_string(), "–".to_string()),
         };
         let work_cpu = r.field_ratio_summary(1, "cpu_s")?;
         let work_band = r.field_ratio_summary(2, "cpu_s")?;
@@ -164,7 +173,7 @@ impl Row {
         let kills = super::report::num(r.data, "kills_per_run")?;
         let markdown = format!(
             "| `{}` | {iterations} | {:.1} | {:.1} | **{:.3}** | {:.3} – {:.3} | {:.3}; {:.3} – \
-             {:.3} | {:.3}; {:.3} | {same_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \
+             {:.3} | {:.3}; {:.3} | {same_hooks} | {syscall_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \
              {kills}) | {} |\n",
             r.label(),
             us(base.median),

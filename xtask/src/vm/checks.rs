@@ -2,7 +2,8 @@
 //! strategy times `__fput` of the stand-in GPU file on the close path and on the exit path of
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
-//! needs no system call tracepoint (by_driver.rs).
+//! needs no system call tracepoint (by_driver.rs), nor before a driver registers
+//! (late_driver.rs).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -11,6 +12,7 @@ use super::MARK;
 
 mod by_driver;
 mod driver;
+mod late_driver;
 
 /// /tmp/gpu0, a node of /dev/full's number (char 1:7), in the kernel's dev_t encoding.
 const GPU0: u64 = 1 << 20 | 7;
@@ -24,6 +26,7 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
         ("fentry", scenario(&guest, "fentry")),
         ("kprobe", scenario(&guest, "kprobe")),
         ("by-driver", by_driver::check(&guest)),
+        ("late-driver", late_driver::check(&guest)),
     ];
     let mut counts = (0, 0);
     for (name, result) in results {

@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use super::Guest;
 
-const NVIDIA0: u64 = 195 << 20;
+pub(super) const NVIDIA0: u64 = 195 << 20;
 /// What the scenario's GPU process allocates (init.sh).
-const GIB: u64 = 1 << 30;
-const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
+pub(super) const GIB: u64 = 1 << 30;
+pub(super) const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
 /// The driver hooks that replace the system call tracepoints.
 const ANSWERING: [&str; 3] = ["nvidia_open", "uvm_open_entry", "nvidia_unlocked_ioctl"];
 
@@ -169,7 +169,7 @@ fn ledger_device(incident: &Value) -> Result<()> {
 }
 
 /// The last version of each target's incident.
-fn last_incidents(lines: &[Value]) -> BTreeMap<u64, Value> {
+pub(super) fn last_incidents(lines: &[Value]) -> BTreeMap<u64, Value> {
     lines
         .iter()
         .filter(|l| matches!(l["type"].as_str(), Some("incident" | "incident_update")))
