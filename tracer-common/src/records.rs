@@ -105,7 +105,7 @@ wire_struct! {
     pub struct Reap {
         reaped_pid: u32 = 0,
         how: u32 = 4,
-        /// Comm of the reaper (the header's process) for `Wait`.
+        /// Comm of the reaper process (its group leader's) for `Wait`.
         comm: [u8; COMM_LEN] = 8,
     }
     size 24

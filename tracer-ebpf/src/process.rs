@@ -138,6 +138,7 @@ fn reaped(pid: u32, how: ReapHow) {
     emit_waking::<Reap>(urgent(pid), |e| {
         e.reaped_pid = pid;
         e.how = how as u32;
-        e.comm = Task::current().comm();
+        // The process's name, as for a signal's sender: the waiting thread may have its own.
+        e.comm = Task::current().group_leader().comm();
     });
 }
