@@ -153,17 +153,11 @@ impl GpuSources {
         }
     }
 
-    /// The NVIDIA driver registered after tracing began: its devices are GPU files from now on.
-    /// Who opened them before the system call tracepoints came, from /proc, as snapshot
-    /// events after the devices; and those pids, for the kernel's holder set.
-    pub fn driver_registered(
-        &mut self,
-        devices: GpuDevices,
-        now_ns: u64,
-    ) -> (Vec<Event>, Vec<u32>) {
-        let found = procfs::snapshot_of(procfs::others(), &devices, &self.how, self.last_group);
+    /// What a /proc snapshot found: its holders (sorted, once each), whose groups and
+    /// descriptions are now known.
+    fn note_snapshot(&mut self, found: &[EventData]) -> Vec<u32> {
         let mut holders = Vec::new();
-        for d in &found {
+        for d in found {
             match d {
                 EventData::SnapshotFd { holder, group, .. } => {
                     holders.push(*holder);
@@ -177,6 +171,19 @@ impl GpuSources {
         }
         holders.sort_unstable();
         holders.dedup();
+        holders
+    }
+
+    /// The NVIDIA driver registered after tracing began: its devices are GPU files from now on.
+    /// Who opened them before the system call tracepoints came, from /proc, as snapshot
+    /// events after the devices; and those pids, for the kernel's holder set.
+    pub fn driver_registered(
+        &mut self,
+        devices: GpuDevices,
+        now_ns: u64,
+    ) -> (Vec<Event>, Vec<u32>) {
+        let found = procfs::snapshot_of(procfs::others(), &devices, &self.how, self.last_group);
+        let holders = self.note_snapshot(&found);
         self.looked_up.extend(holders.iter().copied());
         let mut events = vec![Event::collector(
             now_ns,
@@ -213,21 +220,7 @@ impl GpuSources {
             &self.how,
             self.last_group,
         );
-        let mut holders = Vec::new();
-        for d in &found {
-            match d {
-                EventData::SnapshotFd { holder, group, .. } => {
-                    holders.push(*holder);
-                    self.last_group = self.last_group.max(*group);
-                }
-                EventData::ProcInfo(p) => {
-                    self.described.insert(p.pid);
-                }
-                _ => {}
-            }
-        }
-        holders.sort_unstable();
-        holders.dedup();
+        let holders = self.note_snapshot(&found);
         let events = found
             .into_iter()
             .map(|data| Event::collector(reading.ts_ns, data))

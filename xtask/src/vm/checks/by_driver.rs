@@ -11,7 +11,7 @@ use super::Guest;
 pub(super) const NVIDIA0: u64 = 195 << 20;
 /// What the scenario's GPU process allocates (init.sh).
 pub(super) const GIB: u64 = 1 << 30;
-pub(super) const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
+const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
 /// The driver hooks that replace the system call tracepoints.
 const ANSWERING: [&str; 3] = ["nvidia_open", "uvm_open_entry", "nvidia_unlocked_ioctl"];
 
@@ -20,18 +20,8 @@ pub fn check(guest: &Guest) -> Result<()> {
     let holder: u64 = guest.one("driver-holder")?.parse()?;
     let child: u64 = guest.one("driver-child")?.parse()?;
     let out = guest.json("driver-out")?;
-    let events: Vec<&Value> = out
-        .iter()
-        .filter(|l| l["type"] == "event")
-        .map(|l| &l["event"])
-        .collect();
-    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| {
-        events
-            .iter()
-            .copied()
-            .find(|e| pred(e))
-            .with_context(|| format!("no {what} event"))
-    };
+    let events = events_of(&out);
+    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| find_event(&events, what, pred);
     let strategy = &find("strategy", &|e| e["data"]["kind"] == "strategy")?["data"];
     if strategy["by_driver"] != true {
         bail!("the default strategy does not answer through the driver's hooks: {strategy}");
@@ -61,14 +51,7 @@ pub fn check(guest: &Guest) -> Result<()> {
             && d["dev"] == NVIDIA0
     })?;
     // The ledger: the allocation, decoded at the driver's return.
-    find("RM_ALLOC of 1 GiB", &|e| {
-        let d = &e["data"];
-        e["pid"] == holder
-            && d["kind"] == "gpu_ioctl"
-            && d["h_class"] == NV01_MEMORY_LOCAL_USER
-            && d["size"] == GIB
-            && d["status"] == 0
-    })?;
+    find("RM_ALLOC of 1 GiB", &|e| allocates_a_gib(e, holder))?;
     let incidents = last_incidents(&out);
     let parent = incidents
         .get(&holder)
@@ -175,4 +158,35 @@ pub(super) fn last_incidents(lines: &[Value]) -> BTreeMap<u64, Value> {
         .filter(|l| matches!(l["type"].as_str(), Some("incident" | "incident_update")))
         .filter_map(|l| Some((l["target"]["pid"].as_u64()?, l.clone())))
         .collect()
+}
+
+/// The events of a `linger live --json --events` output.
+pub(super) fn events_of(lines: &[Value]) -> Vec<&Value> {
+    lines
+        .iter()
+        .filter(|l| l["type"] == "event")
+        .map(|l| &l["event"])
+        .collect()
+}
+
+pub(super) fn find_event<'a>(
+    events: &[&'a Value],
+    what: &str,
+    pred: &dyn Fn(&Value) -> bool,
+) -> Result<&'a Value> {
+    events
+        .iter()
+        .copied()
+        .find(|e| pred(e))
+        .with_context(|| format!("no {what} event"))
+}
+
+/// The scenario's GPU process allocating its 1 GiB of video memory, decoded from the ioctl.
+pub(super) fn allocates_a_gib(e: &Value, holder: u64) -> bool {
+    let d = &e["data"];
+    e["pid"] == holder
+        && d["kind"] == "gpu_ioctl"
+        && d["h_class"] == NV01_MEMORY_LOCAL_USER
+        && d["size"] == GIB
+        && d["status"] == 0
 }

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::{
-    by_driver::{last_incidents, GIB, NV01_MEMORY_LOCAL_USER, NVIDIA0},
+    by_driver::{allocates_a_gib, events_of, find_event, last_incidents, GIB, NVIDIA0},
     Guest,
 };
 
@@ -14,11 +14,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     let holder: u64 = guest.one("late-holder")?.parse()?;
     let child: u64 = guest.one("late-child")?.parse()?;
     let out = guest.json("late-out")?;
-    let events: Vec<&Value> = out
-        .iter()
-        .filter(|l| l["type"] == "event")
-        .map(|l| &l["event"])
-        .collect();
+    let events = events_of(&out);
     let strategies: Vec<&Value> = events
         .iter()
         .map(|e| &e["data"])
@@ -43,13 +39,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     if then["no_driver"] != false || !syscalls(then) || !came {
         bail!("once the driver registered, no system call tracepoints: {then}");
     }
-    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| {
-        events
-            .iter()
-            .copied()
-            .find(|e| pred(e))
-            .with_context(|| format!("no {what} event"))
-    };
+    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| find_event(&events, what, pred);
     find("open of nvidia0 seen by the tracepoints", &|e| {
         let d = &e["data"];
         e["pid"] == holder
@@ -58,14 +48,7 @@ pub fn check(guest: &Guest) -> Result<()> {
             && d["fd"].as_i64().is_some_and(|fd| fd >= 0)
             && d["dev"] == NVIDIA0
     })?;
-    find("RM_ALLOC of 1 GiB", &|e| {
-        let d = &e["data"];
-        e["pid"] == holder
-            && d["kind"] == "gpu_ioctl"
-            && d["h_class"] == NV01_MEMORY_LOCAL_USER
-            && d["size"] == GIB
-            && d["status"] == 0
-    })?;
+    find("RM_ALLOC of 1 GiB", &|e| allocates_a_gib(e, holder))?;
     let incidents = last_incidents(&out);
     let parent = incidents
         .get(&holder)
