@@ -405,22 +405,40 @@ impl Probes {
         self.strategy.no_driver = false;
         let attached = self
             .fill_gpu_devices(&devices)
-            .and_then(|()| self.attach_syscall_hooks(self.ioctls));
+            .and_then(|()| self.answer_late_driver());
         self.strategy.reasons.push(match attached {
-            Ok(()) => format!(
-                "NVIDIA driver registered after start (majors {:?}): system call tracepoints \
-                 attached, holders from a /proc snapshot",
+            Ok(how) => format!(
+                "NVIDIA driver registered after start (majors {:?}): {how}, holders from a /proc \
+                 snapshot",
                 devices.majors
             ),
             Err(e) => format!(
-                "NVIDIA driver registered after start: its system call tracepoints could not \
-                 be attached ({e})"
+                "NVIDIA driver registered after start: its hooks could not be attached ({e})"
             ),
         });
         let new = std::mem::take(&mut self.attached);
         self.strategy.hooks.extend(new);
-        self.strategy.unseen.clear();
         Some(devices)
+    }
+
+    /// The driver registered after start: its own functions answer where the kernel let
+    /// `__fput` be hooked at start (kprobes or fentry), as they would have then; else the system
+    /// call tracepoints.
+    fn answer_late_driver(&mut self) -> Result<&'static str> {
+        if self.strategy.fput.is_some() && self.strategy.requested != DriverHooks::Off {
+            strategy::attach_driver(&mut self.ebpf, &mut self.strategy);
+            let kprobes = self.strategy.driver_functions.iter();
+            self.attached.extend(kprobes.map(|f| format!("kprobe/{f}")));
+            if strategy::driver_answers(&self.strategy) {
+                self.set_driver_answers()?;
+                self.strategy.by_driver = true;
+                self.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+                return Ok("its own functions hooked, no system call tracepoint");
+            }
+        }
+        self.attach_syscall_hooks(self.ioctls)?;
+        self.strategy.unseen.clear();
+        Ok("system call tracepoints attached")
     }
 
     /// Marks processes found holding GPU files before tracing began.

@@ -60,7 +60,8 @@ pub fn no_gpu_files(devices: &GpuDevices) -> bool {
 
 /// The strategy's reason when [`no_gpu_files`] holds.
 pub const NO_DRIVER_REASON: &str = "system call tracepoints: none, no NVIDIA driver is registered \
-     (/proc/devices) and no --gpu-device declared; attached when the driver registers";
+     (/proc/devices) and no --gpu-device declared; when it registers, its functions are hooked \
+     where kprobes work, else these tracepoints attached";
 
 /// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
 /// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
@@ -186,7 +187,7 @@ fn attach_kprobes(ebpf: &mut Ebpf, func: DriverFunc) -> Result<(), AttachError> 
 }
 
 /// Kprobes on the driver functions present in the running kernel.
-fn attach_driver(ebpf: &mut Ebpf, s: &mut Strategy) {
+pub(super) fn attach_driver(ebpf: &mut Ebpf, s: &mut Strategy) {
     if !nvidia_modules_loaded() {
         s.reasons.push(
             "NVIDIA driver functions: not hooked, no nvidia module is loaded (/proc/modules)"

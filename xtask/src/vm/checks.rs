@@ -2,8 +2,8 @@
 //! strategy times `__fput` of the stand-in GPU file on the close path and on the exit path of
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
-//! needs no system call tracepoint (by_driver.rs), nor before a driver registers
-//! (late_driver.rs).
+//! needs no system call tracepoint (by_driver.rs), nor before or after a driver registers
+//! late (late_driver.rs).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;

@@ -29,36 +29,45 @@ say kernel "$(uname -r)"
 mknod /tmp/gpu0 c 1 7
 
 # The driver registers after linger started (a GPU operator's driver container): linger
-# starts with no system call tracepoint, and attaches them once /proc/devices lists the
-# driver. Then a GPU process allocates 1 GiB, forks a child that keeps its files, and both
-# are SIGKILLed.
-/linger live --json --events --no-nvml --duration 120s > /tmp/live.out 2> /tmp/live.err &
-live=$!
-if await /tmp/live.err "linger: tracing" 1200; then
-    insmod /standin.ko delay_ms=200
-    say insmod-exit $?
-    if await /tmp/live.err "NVIDIA driver registered after start" 50; then
-        mknod /tmp/nvidia0 c 195 0
-        mknod /tmp/nvidia1 c 195 1
-        mknod /tmp/nvidia-uvm c "$(sed -n 's/^ *\([0-9]*\) nvidia-uvm$/\1/p' /proc/devices)" 0
-        sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
-        gpu=$!
-        await /tmp/held held 300
-        say late-holder $gpu
-        say late-child "$(sed -n 's/^held //p' /tmp/held)"
-        kill -9 $gpu
-        wait $gpu
-        sleep 1
-        kill -9 "$(sed -n 's/^held //p' /tmp/held)"
-        sleep 2
+# starts with no system call tracepoint, and once /proc/devices lists the driver it hooks the
+# driver's functions (this kernel allows kprobes) or, with `--driver-hooks off`, attaches the
+# system call tracepoints. Then a GPU process allocates 1 GiB, forks a child that keeps its
+# files, and both are SIGKILLed. $1: the tag; the rest: linger's options.
+late_driver() {
+    tag=$1
+    shift
+    /linger live --json --events --no-nvml --duration 120s "$@" > /tmp/live.out 2> /tmp/live.err &
+    live=$!
+    if await /tmp/live.err "linger: tracing" 1200; then
+        insmod /standin.ko delay_ms=200
+        say $tag-insmod-exit $?
+        if await /tmp/live.err "NVIDIA driver registered after start" 50; then
+            mknod /tmp/nvidia0 c 195 0
+            mknod /tmp/nvidia1 c 195 1
+            mknod /tmp/nvidia-uvm c "$(sed -n 's/^ *\([0-9]*\) nvidia-uvm$/\1/p' /proc/devices)" 0
+            sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
+            gpu=$!
+            await /tmp/held held 300
+            say $tag-holder $gpu
+            say $tag-child "$(sed -n 's/^held //p' /tmp/held)"
+            kill -9 $gpu
+            wait $gpu
+            sleep 1
+            kill -9 "$(sed -n 's/^held //p' /tmp/held)"
+            sleep 2
+        fi
+        kill -INT $live
     fi
-    kill -INT $live
-fi
-wait $live
-say late-exit $?
-tagged late-out /tmp/live.out
-tagged late-err /tmp/live.err
-rm -f /tmp/held
+    wait $live
+    say $tag-exit $?
+    tagged $tag-out /tmp/live.out
+    tagged $tag-err /tmp/live.err
+    rm -f /tmp/held /tmp/nvidia0 /tmp/nvidia1 /tmp/nvidia-uvm
+}
+late_driver late-tp --driver-hooks off
+rmmod nvidia
+say late-rmmod-exit $?
+late_driver late
 # Whatever became of that, the driver and its nodes for what follows.
 grep -q "^nvidia " /proc/modules || { insmod /standin.ko delay_ms=200; say insmod-exit $?; }
 [ -e /tmp/nvidia0 ] || mknod /tmp/nvidia0 c 195 0

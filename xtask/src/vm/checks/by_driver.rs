@@ -13,7 +13,7 @@ pub(super) const NVIDIA0: u64 = 195 << 20;
 pub(super) const GIB: u64 = 1 << 30;
 const NV01_MEMORY_LOCAL_USER: u64 = 0x40;
 /// The driver hooks that replace the system call tracepoints.
-const ANSWERING: [&str; 3] = ["nvidia_open", "uvm_open_entry", "nvidia_unlocked_ioctl"];
+pub(super) const ANSWERING: [&str; 3] = ["nvidia_open", "uvm_open_entry", "nvidia_unlocked_ioctl"];
 
 pub fn check(guest: &Guest) -> Result<()> {
     guest.succeeded("driver")?;

@@ -1,19 +1,33 @@
 //! The driver registers after linger started: no system call tracepoint until then, and once
-//! /proc/devices lists it, the tracepoints come and the holder and the ledger are right.
+//! /proc/devices lists it, its own functions are hooked (this kernel allows kprobes) or, with
+//! `--driver-hooks off`, the system call tracepoints come; either way the holder and the
+//! ledger are right.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::{
-    by_driver::{allocates_a_gib, events_of, find_event, last_incidents, GIB, NVIDIA0},
+    by_driver::{allocates_a_gib, events_of, find_event, last_incidents, ANSWERING, GIB, NVIDIA0},
     Guest,
 };
 
 pub fn check(guest: &Guest) -> Result<()> {
-    guest.succeeded("late")?;
-    let holder: u64 = guest.one("late-holder")?.parse()?;
-    let child: u64 = guest.one("late-child")?.parse()?;
-    let out = guest.json("late-out")?;
+    scenario(guest, "late-tp", false).context("with --driver-hooks off")?;
+    guest.succeeded("late-rmmod")?;
+    scenario(guest, "late", true)?;
+    eprintln!(
+        "xtask vm:   driver registered late: its functions hooked then (system call tracepoints \
+         with --driver-hooks off); holder and 1 GiB ledger right"
+    );
+    Ok(())
+}
+
+/// `by_driver`: the driver's functions answer once it registered, else the tracepoints.
+fn scenario(guest: &Guest, tag: &str, by_driver: bool) -> Result<()> {
+    guest.succeeded(tag)?;
+    let holder: u64 = guest.one(&format!("{tag}-holder"))?.parse()?;
+    let child: u64 = guest.one(&format!("{tag}-child"))?.parse()?;
+    let out = guest.json(&format!("{tag}-out"))?;
     let events = events_of(&out);
     let strategies: Vec<&Value> = events
         .iter()
@@ -34,18 +48,36 @@ pub fn check(guest: &Guest) -> Result<()> {
     }
     let came = then["reasons"].as_array().into_iter().flatten().any(|r| {
         r.as_str()
-            .is_some_and(|r| r.contains("registered after start") && r.contains("attached"))
+            .is_some_and(|r| r.contains("registered after start") && r.contains("snapshot"))
     });
-    if then["no_driver"] != false || !syscalls(then) || !came {
+    if then["no_driver"] != false || !came {
+        bail!("the driver's registration is not in the strategy: {then}");
+    }
+    if by_driver {
+        let hooked = then["driver_functions"].as_array().into_iter().flatten();
+        let hooked: Vec<&str> = hooked.filter_map(Value::as_str).collect();
+        if then["by_driver"] != true
+            || syscalls(then)
+            || ANSWERING.iter().any(|f| !hooked.contains(f))
+        {
+            bail!("once the driver registered, its functions do not answer: {then}");
+        }
+    } else if then["by_driver"] == true || !syscalls(then) {
         bail!("once the driver registered, no system call tracepoints: {then}");
     }
     let find = |what: &str, pred: &dyn Fn(&Value) -> bool| find_event(&events, what, pred);
-    find("open of nvidia0 seen by the tracepoints", &|e| {
+    // Inside the driver the open is seen before its descriptor exists.
+    find("open of nvidia0", &|e| {
         let d = &e["data"];
+        let fd = d["fd"].as_i64();
         e["pid"] == holder
             && d["kind"] == "gpu_fd"
             && d["op"] == "open"
-            && d["fd"].as_i64().is_some_and(|fd| fd >= 0)
+            && (if by_driver {
+                fd == Some(-1)
+            } else {
+                fd.is_some_and(|fd| fd >= 0)
+            })
             && d["dev"] == NVIDIA0
     })?;
     find("RM_ALLOC of 1 GiB", &|e| allocates_a_gib(e, holder))?;
@@ -67,9 +99,5 @@ pub fn check(guest: &Guest) -> Result<()> {
     if !kept {
         bail!("the GPU process's incident does not name the forked child {child}: {parent}");
     }
-    eprintln!(
-        "xtask vm:   driver registered late: system call tracepoints attached then; holder and \
-         1 GiB ledger right"
-    );
     Ok(())
 }
