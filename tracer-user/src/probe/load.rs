@@ -185,9 +185,7 @@ impl Probes {
             && config.gpu_devices.devs.is_empty()
             && strategy::driver_answers(&probes.strategy);
         if by_driver {
-            probes.set_driver_answers()?;
-            probes.strategy.by_driver = true;
-            probes.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+            probes.answer_by_driver()?;
         }
         // Next best: the NVIDIA libraries' own calls, which trap only in the processes that
         // load them.
@@ -351,8 +349,13 @@ impl Probes {
     }
 
     /// Tells the driver's open and ioctl programs that they answer for the system call hooks.
-    fn set_driver_answers(&mut self) -> Result<()> {
-        self.set_flag("DRIVER_ANSWERS", 1)
+    /// The driver's hooked functions answer opens and ioctls: the programs are told, and the
+    /// strategy says what that leaves unseen.
+    fn answer_by_driver(&mut self) -> Result<()> {
+        self.set_flag("DRIVER_ANSWERS", 1)?;
+        self.strategy.by_driver = true;
+        self.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+        Ok(())
     }
 
     /// Sets slot 0 of the one-slot array `name`, a flag the programs read.
@@ -430,9 +433,7 @@ impl Probes {
             let kprobes = self.strategy.driver_functions.iter();
             self.attached.extend(kprobes.map(|f| format!("kprobe/{f}")));
             if strategy::driver_answers(&self.strategy) {
-                self.set_driver_answers()?;
-                self.strategy.by_driver = true;
-                self.strategy.unseen = BY_DRIVER_UNSEEN.iter().map(|s| s.to_string()).collect();
+                self.answer_by_driver()?;
                 return Ok("its own functions hooked, no system call tracepoint");
             }
         }
