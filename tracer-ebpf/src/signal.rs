@@ -1,9 +1,9 @@
 //! Signal generation and delivery.
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::Array,
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::BtfTracePointContext,
 };
 use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
@@ -11,7 +11,7 @@ use tracer_common::{SignalDeliver, SignalGenerate};
 use crate::{
     emit::{current_ids, emit_waking, is_tracked, now_ns, track},
     files::{is_holder, lean, urgent},
-    task::Task,
+    task::{read, Task},
     teardown::start_dying,
 };
 
@@ -118,26 +118,25 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// Tracepoint signal/signal_deliver: format offsets (after the 8-byte common header):
-/// sig@8, errno@12, code@16, sa_handler@24, sa_flags@32.
-#[tracepoint(category = "signal", name = "signal_deliver")]
-pub fn signal_deliver(ctx: TracePointContext) -> i32 {
+/// tp_btf signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka): as a
+/// BTF tracepoint it costs every signal delivered on the machine (the bystanders' included)
+/// no trace record built before the first test.
+#[btf_tracepoint(function = "signal_deliver")]
+pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     let (pid, _) = current_ids();
     if !is_tracked(pid) {
         return 0;
     }
-    // SAFETY: offsets of the stable signal_deliver format.
-    let (sig, code, handler, sa_flags) = unsafe {
-        (
-            ctx.read_at::<i32>(8).unwrap_or(0),
-            ctx.read_at::<i32>(16).unwrap_or(0),
-            ctx.read_at::<u64>(24).unwrap_or(0),
-            ctx.read_at::<u64>(32).unwrap_or(0),
-        )
-    };
+    let sig: i32 = ctx.arg(0);
+    let info: *const u8 = ctx.arg(1);
+    let ka: *const u8 = ctx.arg(2);
+    // struct k_sigaction opens with struct sigaction: sa_handler, then sa_flags (x86-64), the
+    // fields the classic tracepoint reports; a failed read gives zeros.
+    let handler: u64 = read(ka, 0);
+    let sa_flags: u64 = read(ka, 8);
     emit_waking::<SignalDeliver>(urgent(pid), |e| {
         e.sig = sig as u32;
-        e.code = code;
+        e.code = si_code(info);
         e.handler = handler;
         e.sa_flags = sa_flags;
     });

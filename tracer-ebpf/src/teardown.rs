@@ -51,7 +51,7 @@ fn anyone_dying() -> bool {
 /// Whether `tgid` is a GPU process whose teardown is under way.
 pub fn is_dying(tgid: u32) -> bool {
     // SAFETY: the value is not held beyond the lookup.
-    unsafe { DYING.get(tgid).is_some() }
+    anyone_dying() && unsafe { DYING.get(tgid).is_some() }
 }
 
 pub fn start_dying(tgid: u32) {
@@ -65,8 +65,12 @@ pub fn start_dying(tgid: u32) {
     }
 }
 
+/// Called at every process's free: while nobody dies, a hash removal (bucket lock and all)
+/// would be the whole cost of that hook for every process on the machine.
 pub fn stop_dying(tgid: u32) {
-    let _ = DYING.remove(tgid);
+    if anyone_dying() {
+        let _ = DYING.remove(tgid);
+    }
 }
 
 /// The dying process whose teardown the task (`tgid`, `tid`) works on, if any.

@@ -94,7 +94,7 @@ impl Plan {
             storm_rounds: 10,
             nice: -19,
             ring_sizes: vec![1 << 16, 1 << 18, 1 << 20, DEFAULT_RING],
-            rates: "0.5,1,2,max,max@2",
+            rates: "0.5,1,2,2@2,max,max@2",
             ring_seconds: 0.4,
             ring_rounds: 3,
             syscall_rounds: 4,

@@ -320,7 +320,7 @@ impl Generated {
 }
 
 /// Calls getppid() for `seconds`, flat out or at `rate` per second (checked every CHUNK calls;
-/// ahead of schedule it spins on the clock, so it makes no other syscall).
+/// ahead of schedule it yields the CPU until due).
 fn generate(rate: Option<f64>, seconds: f64) -> Generated {
     let cpu0 = thread_cpu_s();
     let start = Instant::now();
@@ -335,9 +335,12 @@ fn generate(rate: Option<f64>, seconds: f64) -> Generated {
             break;
         }
         if let Some(rate) = rate {
+            // Ahead: wait yielding the CPU, so that the collector runs whenever it wants one
+            // (two generators spinning would hold both of this machine's CPUs); a sleep would
+            // miss the rate by its late wake-ups.
             let due = Duration::from_secs_f64(calls as f64 / rate).min(limit);
             while start.elapsed() < due {
-                std::hint::spin_loop();
+                thread::yield_now();
             }
         }
     }

@@ -143,7 +143,9 @@ pub struct Correlator {
     pub(super) lean: bool,
     /// What the strategy could not see, for the incidents of GPU processes.
     pub(super) unseen: Vec<String>,
-    pub(super) cases: BTreeMap<u64, Case>,
+    /// Boxed: a B-tree node shifts its entries on every insert and removal, and a case is
+    /// over a kilobyte.
+    pub(super) cases: BTreeMap<u64, Box<Case>>,
     /// Live processes with a case.
     alive: HashMap<u32, u64>,
     /// Dead processes with a case, until reaped.
@@ -402,7 +404,7 @@ impl Correlator {
         self.next_id += 1;
         let id = self.next_id;
         self.alive.insert(target.pid, id);
-        let case = Case {
+        let case = Box::new(Case {
             inc: Incident::new(id, target, t_ns),
             signals: Vec::new(),
             noticed: 0,
@@ -421,7 +423,7 @@ impl Correlator {
             unaccounted: 0,
             reported: None,
             stuck_reported: false,
-        };
+        });
         self.cases.insert(id, case);
         self.agenda.open(id, t_ns);
         *self.cases_of_pid.entry(pid).or_default() += 1;
@@ -625,13 +627,18 @@ impl Correlator {
         if listed || allocators.contains(&pid) {
             return Role::Own { ledger: video };
         }
-        // Another dead process's memory, in files it inherited.
-        let owner = self.cases.iter().find(|(other, c)| {
-            **other != id
-                && c.inc.t_group_dead_ns.is_some()
-                && c.files.iter().any(|f| files.contains(f))
-                && self.memory.back_ns(**other).is_none()
-        });
+        // Another dead process's memory, in files it inherited. Without files there is none
+        // to look for: a kill storm's deaths skip the walk over every open case.
+        let owner = (!files.is_empty())
+            .then(|| {
+                self.cases.iter().find(|(other, c)| {
+                    **other != id
+                        && c.inc.t_group_dead_ns.is_some()
+                        && c.files.iter().any(|f| files.contains(f))
+                        && self.memory.back_ns(**other).is_none()
+                })
+            })
+            .flatten();
         if let Some((other, _)) = owner {
             return Role::AliasOf(*other);
         }
@@ -821,6 +828,7 @@ impl Correlator {
             .values()
             .rev()
             .find(|c| c.inc.target.pid == pid && c.inc.t_group_dead_ns.is_some())
+            .map(Box::as_ref)
     }
 
     fn nvml_reading(&mut self, t_ns: u64, gpus: &[NvmlGpu]) {

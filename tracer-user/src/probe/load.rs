@@ -168,10 +168,10 @@ impl Probes {
             ("process_exec", "sched_process_exec"),
             (exit_program, "sched_process_exit"),
             ("process_free", "sched_process_free"),
+            ("signal_deliver", "signal_deliver"),
         ] {
             probes.attach_btf(program, tracepoint, &btf)?;
         }
-        probes.attach_tracepoint("signal_deliver", "signal", "signal_deliver")?;
         // The OOM killer's victims; fires only when it kills.
         if tracefs::has_event("oom", "mark_victim") {
             probes.attach_tracepoint("oom_victim", "oom", "mark_victim")?;

@@ -76,7 +76,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
     vec![
         q(
             "fatal signals and their delivery",
-            "tp_btf/signal_generate, tracepoint signal/signal_deliver",
+            "tp_btf/signal_generate, tp_btf/signal_deliver",
             "the same",
             "fires on signals only",
         ),

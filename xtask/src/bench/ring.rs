@@ -25,8 +25,10 @@ pub fn section(md: &mut String, results: &Results, targets: &mut Vec<Target>) ->
         "The eBPF program `bench_tick` writes one 56-byte record (64 bytes in the ring with its \
          header) per getppid() call of the benchmark process. Generator threads of that process \
          call getppid() for {seconds} s per run, paced to a target rate (checking the clock \
-         every 32 calls and spinning when ahead) or flat out (`max`; `@2`: two generator \
-         threads, which with the collector's thread is more than the 2 CPUs can run at once). \
+         every 32 calls and yielding the CPU while ahead, so that the collector runs whenever \
+         it is ready to) or flat out (`max`). `@2`: two generator threads sharing the rate (one \
+         thread alone offers at most what 2b measures, about 2 M/s here); flat out, they and \
+         the collector's thread want more than the 2 CPUs can run at once. \
          The main thread drains the ring as the live collector does. Each ring size is loaded \
          once; the rates then take turns, round after round. *Offered*: calls per second of \
          the generators; *delivered*: records that reached the collector per second, until the \
