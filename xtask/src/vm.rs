@@ -63,8 +63,14 @@ pub fn run(only: Option<&str>) -> Result<(u64, u64)> {
         bail!("no kernel {only:?} in the matrix ({})", names.join(", "));
     }
     ensure_packages()?;
-    let programs = [build::linger()?, build::test_bin("linger-vm-gpu")?];
     let root = build::workspace_root().join("target/vm");
+    // The library lands in the guest's root, where no library search looks: the late-driver
+    // scenario installs it with the driver.
+    let programs = [
+        build::linger()?,
+        build::test_bin("linger-vm-gpu")?,
+        standin::build_library(&root.join("standin-lib"))?,
+    ];
     let mut results = Vec::new();
     for spec in specs {
         let result = one_kernel(&root, spec, &programs).unwrap_or_else(|e| {

@@ -4,13 +4,19 @@
 //! the driver had), allocates the second GPU's device object and video memory below it
 //! through RM_ALLOC ioctls, has the stand-in report a GPU error (Xid 31) naming it, forks
 //! a child that keeps the descriptors, writes "held CHILD_PID" to READY_FILE, and sleeps until
-//! killed (the child too).
+//! killed (the child too). With LINGER_VM_GPU_LIB naming the stand-in libcuda, the opens and
+//! ioctls go through that library, as a CUDA program's go through libcuda.
 //!
-//! usage: linger-vm-gpu NVIDIA_DEVICE UVM_DEVICE BYTES READY_FILE
+//! usage: [LINGER_VM_GPU_LIB=LIBRARY] linger-vm-gpu NVIDIA_DEVICE UVM_DEVICE BYTES READY_FILE
 
 use std::{
+    ffi::{c_char, c_int, c_ulong, c_void, CString},
     fs::{File, OpenOptions},
-    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::OpenOptionsExt,
+    },
+    sync::OnceLock,
     thread,
     time::Duration,
 };
@@ -63,6 +69,52 @@ struct Nvos21 {
     status: u32,
 }
 
+type OpenFn = unsafe extern "C" fn(*const c_char) -> c_int;
+type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, *mut c_void) -> c_int;
+
+/// The stand-in libcuda's entry points (xtask/src/vm/standin/libcuda.c).
+struct Library {
+    open: OpenFn,
+    ioctl: IoctlFn,
+}
+
+/// Set when the calls go through the stand-in libcuda.
+static LIBRARY: OnceLock<Library> = OnceLock::new();
+
+fn load_library(path: &str) -> Result<Library> {
+    let path = CString::new(path)?;
+    // SAFETY: dlopen and dlsym with valid C strings; the library is never unloaded, and its
+    // two functions have the signatures declared above.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+        ensure!(!handle.is_null(), "dlopen {path:?} failed");
+        let open = libc::dlsym(handle, c"standin_open".as_ptr());
+        let ioctl = libc::dlsym(handle, c"standin_ioctl".as_ptr());
+        ensure!(
+            !open.is_null() && !ioctl.is_null(),
+            "{path:?} lacks standin_open or standin_ioctl"
+        );
+        Ok(Library {
+            open: std::mem::transmute::<*mut c_void, OpenFn>(open),
+            ioctl: std::mem::transmute::<*mut c_void, IoctlFn>(ioctl),
+        })
+    }
+}
+
+/// ioctl(2), through the stand-in libcuda when it is loaded.
+///
+/// # Safety
+/// As ioctl(2): `arg` must be what the command expects.
+unsafe fn ioctl(fd: c_int, cmd: c_ulong, arg: *mut c_void) -> c_int {
+    // SAFETY: the caller vouches for the argument.
+    unsafe {
+        match LIBRARY.get() {
+            Some(lib) => (lib.ioctl)(fd, cmd, arg),
+            None => libc::ioctl(fd, cmd, arg),
+        }
+    }
+}
+
 // linger decodes RM_ALLOC only when the command's size is NVOS21's (or NVOS64's).
 const _: () = assert!(std::mem::size_of::<Nvos21>() == NVOS21_SIZE as usize);
 
@@ -72,6 +124,12 @@ fn main() -> Result<()> {
         bail!("usage: linger-vm-gpu NVIDIA_DEVICE UVM_DEVICE BYTES READY_FILE");
     };
     let bytes: u64 = bytes.parse().context("BYTES")?;
+    if let Some(path) = std::env::var("LINGER_VM_GPU_LIB")
+        .ok()
+        .filter(|p| !p.is_empty())
+    {
+        let _ = LIBRARY.set(load_library(&path)?);
+    }
     let gpu = open(nvidia)?;
     let _uvm = open(uvm)?;
     rm_alloc(&gpu, CLIENT, 0, CLIENT, NV01_ROOT_CLIENT, None)?;
@@ -102,7 +160,7 @@ fn main() -> Result<()> {
         Some(&mut params),
     )?;
     // SAFETY: an ioctl without argument on a descriptor we own.
-    let rc = unsafe { libc::ioctl(gpu.as_raw_fd(), STANDIN_FAULT) };
+    let rc = unsafe { ioctl(gpu.as_raw_fd(), STANDIN_FAULT, std::ptr::null_mut()) };
     ensure!(
         rc == 0,
         "the stand-in's fault ioctl failed: {}",
@@ -118,6 +176,18 @@ fn main() -> Result<()> {
 }
 
 fn open(path: &str) -> Result<File> {
+    if let Some(lib) = LIBRARY.get() {
+        let c_path = CString::new(path)?;
+        // SAFETY: a valid C string; the descriptor returned is ours alone.
+        let fd = unsafe { (lib.open)(c_path.as_ptr()) };
+        ensure!(
+            fd >= 0,
+            "opening {path} through the library: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh descriptor nobody else owns.
+        return Ok(unsafe { File::from_raw_fd(fd) });
+    }
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -191,5 +261,5 @@ unsafe fn escape<T>(gpu: &File, nr: u32, params: &mut T) -> i32 {
         | (NV_IOCTL_MAGIC << 8 | nr) as libc::c_ulong;
     // SAFETY: `params` is a live, writable struct of the size the command declares; the
     // caller vouches for the pointers in it.
-    unsafe { libc::ioctl(gpu.as_raw_fd(), cmd, params as *mut T) }
+    unsafe { ioctl(gpu.as_raw_fd(), cmd, params as *mut T as *mut c_void) }
 }

@@ -425,8 +425,9 @@ impl Probes {
     }
 
     /// The driver registered after start: its own functions answer where the kernel let
-    /// `__fput` be hooked at start (kprobes or fentry), as they would have then; else the system
-    /// call tracepoints.
+    /// `__fput` be hooked at start (kprobes or fentry), as they would have then; next, the
+    /// NVIDIA libraries, looked for again (a driver container installs them with the module);
+    /// else the system call tracepoints.
     fn answer_late_driver(&mut self) -> Result<&'static str> {
         if self.strategy.fput.is_some() && self.strategy.requested != DriverHooks::Off {
             strategy::attach_driver(&mut self.ebpf, &mut self.strategy);
@@ -436,6 +437,14 @@ impl Probes {
                 self.answer_by_driver()?;
                 return Ok("its own functions hooked, no system call tracepoint");
             }
+        }
+        if library::hook(
+            &mut self.ebpf,
+            &mut self.strategy,
+            &mut self.attached,
+            self.ioctls,
+        ) {
+            return Ok("the NVIDIA libraries' calls hooked, no system call tracepoint");
         }
         self.attach_syscall_hooks(self.ioctls)?;
         self.strategy.unseen.clear();

@@ -24,7 +24,8 @@ const REAP_BOUNDED: &str = "the parent the SIGCHLD went to (tp_btf/signal_genera
 
 /// The GPU questions where no NVIDIA driver is registered.
 const NO_DRIVER: &str = "nothing to see: no NVIDIA driver is registered, so no GPU file can be \
-     opened (the system call tracepoints are attached when it registers)";
+     opened (when it registers: its functions where kprobes work, else its libraries, else the \
+     system call tracepoints)";
 
 /// Every question, answered for the driver hooks `strategy` chose here.
 pub fn table(strategy: &Strategy) -> Vec<Question> {

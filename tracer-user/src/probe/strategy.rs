@@ -61,7 +61,8 @@ pub fn no_gpu_files(devices: &GpuDevices) -> bool {
 /// The strategy's reason when [`no_gpu_files`] holds.
 pub const NO_DRIVER_REASON: &str = "system call tracepoints: none, no NVIDIA driver is registered \
      (/proc/devices) and no --gpu-device declared; when it registers, its functions are hooked \
-     where kprobes work, else these tracepoints attached";
+     where kprobes work, else the NVIDIA libraries if found then, else these tracepoints \
+     attached";
 
 /// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
 /// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
@@ -128,7 +129,7 @@ pub fn describe(s: &Strategy) -> String {
     if s.no_driver {
         return format!(
             "no system call tracepoint: no NVIDIA driver is registered, so no GPU file can be \
-             opened (they are attached when it comes): {hooks}"
+             opened (when it comes: its functions, its libraries or these tracepoints): {hooks}"
         );
     }
     if s.by_driver {

@@ -31,21 +31,31 @@ mknod /tmp/gpu0 c 1 7
 # The driver registers after linger started (a GPU operator's driver container): linger
 # starts with no system call tracepoint, and once /proc/devices lists the driver it hooks the
 # driver's functions (this kernel allows kprobes) or, with `--driver-hooks off`, attaches the
-# system call tracepoints. Then a GPU process allocates 1 GiB, forks a child that keeps its
-# files, and both are SIGKILLed. $1: the tag; the rest: linger's options.
+# system call tracepoints. With LIB=1 the driver comes with its library (the stand-in
+# libcuda, installed where linger looks for it), which the GPU process calls through. Then a
+# GPU process allocates 1 GiB, forks a child that keeps its files, and both are SIGKILLed.
+# $1: the tag; the rest: linger's options.
 late_driver() {
     tag=$1
     shift
+    # The last scenario's log says "tracing" too: gone before this one's linger starts.
+    rm -f /tmp/live.out /tmp/live.err
     /linger live --json --events --no-nvml --duration 120s "$@" > /tmp/live.out 2> /tmp/live.err &
     live=$!
+    lib=
     if await /tmp/live.err "linger: tracing" 1200; then
+        if [ -n "${LIB:-}" ]; then
+            lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
+            mkdir -p /usr/lib/x86_64-linux-gnu
+            cp /libcuda.so.1 $lib
+        fi
         insmod /standin.ko delay_ms=200
         say $tag-insmod-exit $?
         if await /tmp/live.err "NVIDIA driver registered after start" 50; then
             mknod /tmp/nvidia0 c 195 0
             mknod /tmp/nvidia1 c 195 1
             mknod /tmp/nvidia-uvm c "$(sed -n 's/^ *\([0-9]*\) nvidia-uvm$/\1/p' /proc/devices)" 0
-            sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
+            LINGER_VM_GPU_LIB=$lib sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
             gpu=$!
             await /tmp/held held 300
             say $tag-holder $gpu
@@ -62,11 +72,14 @@ late_driver() {
     say $tag-exit $?
     tagged $tag-out /tmp/live.out
     tagged $tag-err /tmp/live.err
-    rm -f /tmp/held /tmp/nvidia0 /tmp/nvidia1 /tmp/nvidia-uvm
+    rm -f /tmp/held /tmp/nvidia0 /tmp/nvidia1 /tmp/nvidia-uvm $lib
 }
 late_driver late-tp --driver-hooks off
 rmmod nvidia
 say late-rmmod-exit $?
+LIB=1 late_driver late-lib --driver-hooks off
+rmmod nvidia
+say late-lib-rmmod-exit $?
 late_driver late
 # Whatever became of that, the driver and its nodes for what follows.
 grep -q "^nvidia " /proc/modules || { insmod /standin.ko delay_ms=200; say insmod-exit $?; }

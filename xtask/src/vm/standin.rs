@@ -1,6 +1,7 @@
 //! The stand-in NVIDIA driver module (standin/nvidia.c), built against the guest kernel's
 //! headers: it gives the driver-function kprobes real functions to attach to and a slow,
-//! sometimes deferred, close to time.
+//! sometimes deferred, close to time. And a stand-in libcuda (standin/libcuda.c), whose PLT
+//! entries the library uprobes hook.
 
 use std::{
     fs,
@@ -41,4 +42,26 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
         );
     }
     Ok(src.join("nvidia.ko"))
+}
+
+/// The stand-in libcuda.so.1, built once for every guest (it runs on their common user space).
+pub fn build_library(dir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let src = dir.join("libcuda.c");
+    fs::write(&src, include_str!("standin/libcuda.c"))?;
+    let lib = dir.join("libcuda.so.1");
+    // Lazy binding, as the real library: its calls go through PLT entries.
+    let out = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .context("running gcc for the stand-in libcuda")?;
+    if !out.status.success() {
+        bail!(
+            "building the stand-in libcuda failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(lib)
 }

@@ -1,7 +1,8 @@
 //! The driver registers after linger started: no system call tracepoint until then, and once
-//! /proc/devices lists it, its own functions are hooked (this kernel allows kprobes) or, with
-//! `--driver-hooks off`, the system call tracepoints come; either way the holder and the
-//! ledger are right.
+//! /proc/devices lists it, its own functions are hooked (this kernel allows kprobes); with
+//! `--driver-hooks off`, the NVIDIA library that came with it (the stand-in libcuda) is hooked,
+//! or without one the system call tracepoints come; each way the holder and the ledger are
+//! right.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -11,19 +12,30 @@ use super::{
     Guest,
 };
 
+/// What answers once the driver registered.
+#[derive(Clone, Copy, PartialEq)]
+enum Answer {
+    Tracepoints,
+    Library,
+    Driver,
+}
+
 pub fn check(guest: &Guest) -> Result<()> {
-    scenario(guest, "late-tp", false).context("with --driver-hooks off")?;
+    scenario(guest, "late-tp", Answer::Tracepoints).context("with --driver-hooks off")?;
     guest.succeeded("late-rmmod")?;
-    scenario(guest, "late", true)?;
+    scenario(guest, "late-lib", Answer::Library)
+        .context("with --driver-hooks off and the library")?;
+    guest.succeeded("late-lib-rmmod")?;
+    scenario(guest, "late", Answer::Driver)?;
     eprintln!(
-        "xtask vm:   driver registered late: its functions hooked then (system call tracepoints \
-         with --driver-hooks off); holder and 1 GiB ledger right"
+        "xtask vm:   driver registered late: its functions hooked then (with --driver-hooks off \
+         the library that came with it, else system call tracepoints); holder and 1 GiB \
+         ledger right"
     );
     Ok(())
 }
 
-/// `by_driver`: the driver's functions answer once it registered, else the tracepoints.
-fn scenario(guest: &Guest, tag: &str, by_driver: bool) -> Result<()> {
+fn scenario(guest: &Guest, tag: &str, answer: Answer) -> Result<()> {
     guest.succeeded(tag)?;
     let holder: u64 = guest.one(&format!("{tag}-holder"))?.parse()?;
     let child: u64 = guest.one(&format!("{tag}-child"))?.parse()?;
@@ -43,7 +55,8 @@ fn scenario(guest: &Guest, tag: &str, by_driver: bool) -> Result<()> {
                 .is_some_and(|h| h.starts_with("tracepoint/syscalls/"))
         })
     };
-    if first["no_driver"] != true || syscalls(first) {
+    let libraries = |s: &Value| s["libraries"].as_array().map_or(0, Vec::len);
+    if first["no_driver"] != true || syscalls(first) || libraries(first) > 0 {
         bail!("without a driver, the strategy still has system call tracepoints: {first}");
     }
     let came = then["reasons"].as_array().into_iter().flatten().any(|r| {
@@ -53,17 +66,32 @@ fn scenario(guest: &Guest, tag: &str, by_driver: bool) -> Result<()> {
     if then["no_driver"] != false || !came {
         bail!("the driver's registration is not in the strategy: {then}");
     }
-    if by_driver {
-        let hooked = then["driver_functions"].as_array().into_iter().flatten();
-        let hooked: Vec<&str> = hooked.filter_map(Value::as_str).collect();
-        if then["by_driver"] != true
-            || syscalls(then)
-            || ANSWERING.iter().any(|f| !hooked.contains(f))
-        {
-            bail!("once the driver registered, its functions do not answer: {then}");
+    match answer {
+        Answer::Driver => {
+            let hooked = then["driver_functions"].as_array().into_iter().flatten();
+            let hooked: Vec<&str> = hooked.filter_map(Value::as_str).collect();
+            if then["by_driver"] != true
+                || syscalls(then)
+                || ANSWERING.iter().any(|f| !hooked.contains(f))
+            {
+                bail!("once the driver registered, its functions do not answer: {then}");
+            }
         }
-    } else if then["by_driver"] == true || !syscalls(then) {
-        bail!("once the driver registered, no system call tracepoints: {then}");
+        Answer::Library => {
+            let stand_in = then["libraries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|l| l.as_str().is_some_and(|l| l.ends_with("/libcuda.so.1")));
+            if then["by_driver"] == true || syscalls(then) || !stand_in {
+                bail!("once the driver and its library came, the library is not hooked: {then}");
+            }
+        }
+        Answer::Tracepoints => {
+            if then["by_driver"] == true || libraries(then) > 0 || !syscalls(then) {
+                bail!("once the driver registered, no system call tracepoints: {then}");
+            }
+        }
     }
     let find = |what: &str, pred: &dyn Fn(&Value) -> bool| find_event(&events, what, pred);
     // Inside the driver the open is seen before its descriptor exists.
@@ -73,7 +101,7 @@ fn scenario(guest: &Guest, tag: &str, by_driver: bool) -> Result<()> {
         e["pid"] == holder
             && d["kind"] == "gpu_fd"
             && d["op"] == "open"
-            && (if by_driver {
+            && (if answer == Answer::Driver {
                 fd == Some(-1)
             } else {
                 fd.is_some_and(|fd| fd >= 0)
