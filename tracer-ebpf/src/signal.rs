@@ -118,9 +118,9 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// tp_btf signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka): as a
-/// BTF tracepoint it costs every signal delivered on the machine (the bystanders' included)
-/// no trace record built before the first test.
+/// tp_btf signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka). A BTF
+/// tracepoint builds no trace record before the first test, for any signal delivered on the
+/// machine (the bystanders' included).
 #[btf_tracepoint(function = "signal_deliver")]
 pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     let (pid, _) = current_ids();

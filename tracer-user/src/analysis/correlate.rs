@@ -629,16 +629,16 @@ impl Correlator {
         }
         // Another dead process's memory, in files it inherited. Without files there is none
         // to look for: a kill storm's deaths skip the walk over every open case.
-        let owner = (!files.is_empty())
-            .then(|| {
-                self.cases.iter().find(|(other, c)| {
-                    **other != id
-                        && c.inc.t_group_dead_ns.is_some()
-                        && c.files.iter().any(|f| files.contains(f))
-                        && self.memory.back_ns(**other).is_none()
-                })
+        let owner = if files.is_empty() {
+            None
+        } else {
+            self.cases.iter().find(|(other, c)| {
+                **other != id
+                    && c.inc.t_group_dead_ns.is_some()
+                    && c.files.iter().any(|f| files.contains(f))
+                    && self.memory.back_ns(**other).is_none()
             })
-            .flatten();
+        };
         if let Some((other, _)) = owner {
             return Role::AliasOf(*other);
         }

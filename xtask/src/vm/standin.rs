@@ -50,7 +50,8 @@ pub fn build_library(dir: &Path) -> Result<PathBuf> {
     let src = dir.join("libcuda.c");
     fs::write(&src, include_str!("standin/libcuda.c"))?;
     let lib = dir.join("libcuda.so.1");
-    // Lazy binding, as the real library: its calls go through PLT entries.
+    // gcc's default for a shared library: its calls to open and ioctl go through PLT entries,
+    // as the real library's do.
     let out = Command::new("gcc")
         .args(["-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o"])
         .arg(&lib)
