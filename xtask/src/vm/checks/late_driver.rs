@@ -57,7 +57,7 @@ fn scenario(guest: &Guest, tag: &str, answer: Answer) -> Result<()> {
     };
     let libraries = |s: &Value| s["libraries"].as_array().map_or(0, Vec::len);
     if first["no_driver"] != true || syscalls(first) || libraries(first) > 0 {
-        bail!("without a driver, the strategy still has system call tracepoints: {first}");
+        bail!("without a driver, the strategy still hooks system calls or libraries: {first}");
     }
     let came = then["reasons"].as_array().into_iter().flatten().any(|r| {
         r.as_str()
