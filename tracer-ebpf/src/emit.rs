@@ -27,6 +27,16 @@ pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Loss::COUNT a
 #[map]
 pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
+/// Set by user space once every program is attached. They attach one after another, so until
+/// then a kill could be seen by signal generation and miss its delivery, exit and reap: no
+/// death is followed before this, and none is then seen in part. Value: 0 or 1.
+#[map]
+static ARMED: Array<u32> = Array::with_max_entries(1, 0);
+
+pub fn armed() -> bool {
+    ARMED.get(0).is_some_and(|v| *v != 0)
+}
+
 pub fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is a plain byte we never hold a reference to beyond this call.
     unsafe { TRACKED.get(tgid).is_some() }

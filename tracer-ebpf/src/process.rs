@@ -9,7 +9,7 @@ use tracer_common::{
 };
 
 use crate::{
-    emit::{emit, emit_waking, is_tracked, track, TRACKED},
+    emit::{armed, emit, emit_waking, is_tracked, track, TRACKED},
     files::{add_holder, is_holder, urgent, walk, HOLDERS},
     task::Task,
     teardown::{start_dying, stop_dying},
@@ -58,14 +58,20 @@ fn task_exit(task: Task, group_dead: bool) {
         return;
     }
     if group_dead && is_holder(tgid) {
-        // The fd table is still intact here (exit_files runs later): what the group held
-        // when it died, and each file's references, tell who else keeps the memory.
-        walk(task, FdOp::HeldAtExit);
+        // Before every program is attached, the death could be seen only in part.
+        let whole = armed();
+        if whole {
+            // The fd table is still intact here (exit_files runs later): what the group held
+            // when it died, and each file's references, tell who else keeps the memory.
+            walk(task, FdOp::HeldAtExit);
+        }
         let _ = HOLDERS.remove(tgid);
-        // Its files are released before it becomes a zombie: follow it to its SIGCHLD and
-        // reap, signalled or not, and sample its teardown.
-        track(tgid);
-        start_dying(tgid);
+        if whole {
+            // Its files are released before it becomes a zombie: follow it to its SIGCHLD
+            // and reap, signalled or not, and sample its teardown.
+            track(tgid);
+            start_dying(tgid);
+        }
     }
     // Exits of processes nobody signalled only keep the process table, and those of
     // processes without GPU files can wait for the next tick: no need to wake.

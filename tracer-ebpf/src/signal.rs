@@ -9,7 +9,7 @@ use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate};
 
 use crate::{
-    emit::{current_ids, emit_waking, is_tracked, now_ns, track},
+    emit::{armed, current_ids, emit_waking, is_tracked, now_ns, track},
     files::{is_holder, lean, urgent},
     task::{read, Task},
     teardown::start_dying,
@@ -78,6 +78,9 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
     let fatal = is_fatal(sig);
     // SIGCHLD matters only when a tracked process tells its parent it is a zombie.
     if !fatal && !(sig == SIGCHLD && is_tracked(sender_pid)) {
+        return 0;
+    }
+    if !armed() {
         return 0;
     }
     let info: *const u8 = ctx.arg(1);

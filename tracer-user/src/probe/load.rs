@@ -261,6 +261,8 @@ impl Probes {
             .map(|f| format!("kprobe/{f}"))
             .collect();
         probes.strategy.hooks.extend(driver);
+        // Every program is attached: deaths are followed from now on, each seen whole.
+        probes.set_flag("ARMED", 1)?;
         Ok(probes)
     }
 
