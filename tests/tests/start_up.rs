@@ -6,7 +6,7 @@
 use std::{
     process::{Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         Arc,
     },
     thread,
@@ -21,10 +21,11 @@ fn kills_during_start_up_give_whole_incidents_only() {
     require_root();
     let stop = Arc::new(AtomicBool::new(false));
     let kills = Arc::new(AtomicU64::new(0));
+    let last = Arc::new(AtomicU32::new(0));
     // Spawn /bin/sleep, SIGKILL it, reap it, over and over, from before linger starts until
     // after it is ready.
     let storm = {
-        let (stop, kills) = (stop.clone(), kills.clone());
+        let (stop, kills, last) = (stop.clone(), kills.clone(), last.clone());
         thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let mut child = Command::new("/bin/sleep")
@@ -34,18 +35,26 @@ fn kills_during_start_up_give_whole_incidents_only() {
                     .expect("spawning /bin/sleep");
                 child.kill().expect("SIGKILL to /bin/sleep");
                 child.wait().expect("reaping /bin/sleep");
+                last.store(child.id(), Ordering::Relaxed);
                 kills.fetch_add(1, Ordering::Relaxed);
             }
         })
     };
-    let live = Live::start(["--json"]);
+    let mut live = Live::start(["--json"]);
     let before_ready = kills.load(Ordering::Relaxed);
     thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     storm.join().expect("the storm thread");
     let after_ready = kills.load(Ordering::Relaxed) - before_ready;
-    // Every reap (the kernel frees the task an RCU grace period later) is in before the stop.
-    thread::sleep(Duration::from_millis(500));
+    // An incident comes out once its process is reaped, which this mode sees when the kernel
+    // frees the task, an RCU grace period later (sometimes hundreds of ms on a busy machine):
+    // the last kill's incident comes after the others'.
+    let last = last.load(Ordering::Relaxed);
+    while let Some(record) = live.next_record() {
+        if record["type"] == "incident" && record["target"]["pid"] == last {
+            break;
+        }
+    }
     live.child.signal(Signal::SIGINT);
     let out = live.finish();
     assert!(out.status.success(), "{out:#?}");

@@ -287,7 +287,6 @@ impl<W: Write, C: Companion> Sink for LiveSink<'_, '_, W, C> {
         for record in self.report.take_written() {
             self.companion.record(&record);
         }
-        self.awaited.set_fast(self.report.awaiting_gpu_memory());
         self.idle.store(self.report.is_idle(), Ordering::Relaxed);
         if self.report.take_search_request() {
             self.search.store(true, Ordering::Relaxed);
@@ -296,6 +295,10 @@ impl<W: Write, C: Companion> Sink for LiveSink<'_, '_, W, C> {
     }
 
     fn batch_done(&mut self) {
+        // Once per batch: the answer walks every watch, thousands in a kill storm (one for
+        // each victim not known to hold GPU files, where NVML may still list it), and a
+        // batch takes a millisecond or two, against teardowns of over 100 ms.
+        self.awaited.set_fast(self.report.awaiting_gpu_memory());
         self.report.flush();
     }
 }

@@ -520,6 +520,11 @@ impl Probes {
         }
     }
 
+    /// Whether a GPU holder may be dying (the programs' hint; an unreadable one says yes).
+    pub fn anyone_dying(&mut self) -> bool {
+        self.flag("DYING_HINT") != Some(0)
+    }
+
     /// Samples on-CPU stacks on every CPU, or stops; see [`Sampler`].
     pub fn set_sampling(&mut self, on: bool) -> Result<()> {
         match &mut self.sampler {

@@ -131,12 +131,11 @@ pub async fn run_tapped(
             }
         }
         sink.batch_done();
-        // Stack sampling costs every CPU an interrupt per sample: only while someone dies.
         if let Some(gpu) = gpu.as_deref_mut() {
             if let Some(pids) = gpu.take_search() {
                 source.search(&pids);
             }
-            source.set_sampling(gpu.is_awaited());
+            source.sample_while_dying();
             gpu.forget_stacks_if_idle();
         }
     }

@@ -274,10 +274,6 @@ impl GpuSources {
         Arc::clone(&self.awaited)
     }
 
-    pub fn is_awaited(&self) -> bool {
-        self.awaited.is_fast()
-    }
-
     /// The switch the analysis sets while it has no open incident.
     pub fn idle(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.idle)

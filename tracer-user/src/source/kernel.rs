@@ -80,8 +80,11 @@ impl KernelSource {
         }
     }
 
-    /// Samples the stacks of dying GPU processes, or stops (see [`Probes::set_sampling`]).
-    pub fn set_sampling(&mut self, on: bool) {
+    /// Samples stacks while a GPU holder dies, or stops (see [`Probes::set_sampling`]). Each
+    /// sample costs every CPU an interrupt, and only dying holders' tasks are sampled: NVML's
+    /// fast readings for victims not known to hold GPU files (a kill storm's) do not need it.
+    pub fn sample_while_dying(&mut self) {
+        let on = self.probes.anyone_dying();
         if let Err(e) = self.probes.set_sampling(on) {
             warn!(
                 "stack sampling could not be switched {}: {e}",

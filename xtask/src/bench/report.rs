@@ -126,12 +126,12 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
     })
 }
 
-/// The previous report's storm figures (070f1ad, measured at a633180): workload, slowdown,
+/// The previous report's storm figures (5dd6aba, measured at 73b2e16): workload, slowdown,
 /// `linger live` CPU µs and wake-ups per iteration.
 const PREVIOUS_STORMS: [(&str, f64, f64, f64); 3] = [
-    ("kill-threads", 1.078, 17.8, 0.0),
-    ("kill-exec", 1.087, 12.4, 0.0),
-    ("spawn-true", 1.016, 2.1, 0.0),
+    ("kill-threads", 0.973, 28.0, 0.0),
+    ("kill-exec", 1.041, 17.9, 0.0),
+    ("spawn-true", 0.937, 18.1, 0.1),
 ];
 
 /// What changed since the previous report, for readers comparing the two.
@@ -140,18 +140,17 @@ fn changes(storms: &[Measured]) -> Result<String> {
         "
 ## Since the previous report
 
-The previous report (070f1ad) was measured at a633180 (2026-12-03 06:44 UTC), on another \
-virtual machine of this kind (an AMD EPYC; the baselines differ with the host). Since then:
+The previous report (5dd6aba) was measured at 73b2e16 (2026-12-03 11:30 UTC), on another \
+virtual machine of this kind (an Intel Xeon; this one is an AMD EPYC, and the baselines differ \
+with the host). Since then:
 
-- **Tracer**: the collector keeps its open cases boxed (a B-tree node shifted kilobytes per \
-insert and removal) and no longer walks every open case at each death without GPU files \
-(measured with perf and /proc on the pinned `kill-exec` storm here: about 20 → 14 µs of \
-collector CPU per kill); `signal_deliver` is a BTF tracepoint; the free hook skips the dying \
-map's removal while nobody dies. A driver that registers late gets the NVIDIA libraries' hooks \
-where its functions cannot be hooked (not measured here: no driver).
-- **Benchmarks**: the ring's paced generators yield the CPU while ahead instead of spinning, \
-and the new rate `2@2` shares 2 M/s between two generator threads (one alone offers at most \
-what 2b measures).
+- **Tracer**: no death is followed until every program is attached (one flag, `ARMED`, read by \
+the signal generation hook and a GPU holder's exit: one array read more per fatal signal), so \
+a kill during start-up is whole or absent. The collector asks whether NVML's fast readings are \
+still wanted once per batch instead of after every event, and the stack sampler follows the \
+programs' hint that a GPU holder is dying instead of those readings (both measured on the \
+H200, which has NVML: BENCHMARKS-H200.md; this machine has none, so neither shows here).
+- **Benchmarks**: unchanged.
 - **Storms**, previous report → this one (another machine, hour and load: the slowdowns compare \
 only roughly, CPU and wake-ups per iteration better):
 ",
