@@ -520,13 +520,13 @@ impl Probes {
         }
     }
 
-    /// Whether a GPU holder may be dying (the programs' hint; an unreadable one says yes).
-    pub fn anyone_dying(&mut self) -> bool {
-        self.flag("DYING_HINT") != Some(0)
-    }
-
-    /// Samples on-CPU stacks on every CPU, or stops; see [`Sampler`].
-    pub fn set_sampling(&mut self, on: bool) -> Result<()> {
+    /// Samples on-CPU stacks on every CPU while a GPU holder may be dying (the programs' hint;
+    /// an unreadable one says yes), or stops; see [`Sampler`].
+    pub fn sample_while_dying(&mut self) -> Result<()> {
+        if self.sampler.is_none() {
+            return Ok(());
+        }
+        let on = self.flag("DYING_HINT") != Some(0);
         match &mut self.sampler {
             Some(sampler) => sampler.set(&mut self.ebpf, on),
             None => Ok(()),

@@ -80,16 +80,13 @@ impl KernelSource {
         }
     }
 
-    /// Samples stacks while a GPU holder dies, or stops (see [`Probes::set_sampling`]). Each
-    /// sample costs every CPU an interrupt, and only dying holders' tasks are sampled: NVML's
-    /// fast readings for victims not known to hold GPU files (a kill storm's) do not need it.
+    /// Samples stacks while a GPU holder dies, or stops (see [`Probes::sample_while_dying`]).
+    /// Each sample costs every CPU an interrupt, and only dying holders' tasks are sampled:
+    /// NVML's fast readings for victims not known to hold GPU files (a kill storm's) do not
+    /// need it.
     pub fn sample_while_dying(&mut self) {
-        let on = self.probes.anyone_dying();
-        if let Err(e) = self.probes.set_sampling(on) {
-            warn!(
-                "stack sampling could not be switched {}: {e}",
-                if on { "on" } else { "off" }
-            );
+        if let Err(e) = self.probes.sample_while_dying() {
+            warn!("stack sampling could not be switched on or off: {e}");
         }
     }
 
