@@ -38,6 +38,14 @@ fn bad_flags_name_the_problem() {
         (&["live", "--count", "-3"], &["-3"]),
         (&["live", "--frobnicate"], &["--frobnicate"]),
         (&["frobnicate"], &["frobnicate"]),
+        (
+            &["record", "-o", "/nonexistent/x.trace", "--json"],
+            &["linger live --json", "--record FILE"],
+        ),
+        (
+            &["record", "-o", "/nonexistent/x.trace", "--events"],
+            &["linger live --json", "--record FILE"],
+        ),
     ];
     for (args, mentions) in cases {
         let out = linger().args(*args).output().expect("running linger");

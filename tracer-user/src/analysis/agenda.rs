@@ -15,6 +15,9 @@ pub(super) struct Agenda {
     quiet_until: HashMap<u64, u64>,
     /// Open cases by when they opened: the oldest bounds what may be pruned.
     opened: BTreeSet<(u64, u64)>,
+    /// Cases the passes looked at, in all: what the tests hold the passes' work to.
+    #[cfg(test)]
+    pub taken: usize,
 }
 
 impl Agenda {
@@ -64,6 +67,10 @@ impl Agenda {
             self.quiet.pop_first();
             self.quiet_until.remove(&id);
             self.due.insert(id);
+        }
+        #[cfg(test)]
+        {
+            self.taken += self.due.len();
         }
         self.due.iter().copied().collect()
     }

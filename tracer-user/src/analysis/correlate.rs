@@ -154,7 +154,7 @@ pub struct Correlator {
     /// release without a walk over every case (thousands in a kill storm under `--lean`).
     held_for: HashMap<u32, BTreeSet<u64>>,
     /// Which cases the pass after an event looks at.
-    agenda: Agenda,
+    pub(super) agenda: Agenda,
     /// Open cases per target pid (a pid may be reused while its old case is open).
     cases_of_pid: HashMap<u32, usize>,
     pub(super) holders: Holders,
@@ -841,22 +841,23 @@ impl Correlator {
                 self.memory.activity(key, t_ns);
             }
         }
+        // The first reading changes how every case's memory is judged. Later ones concern
+        // only cases that are never quiet (GPU processes, those NVML listed) and those it
+        // lists now: a pass over every quiet case after each reading (a millisecond apart
+        // while memory is awaited) was most of the collector's work in kill storms.
+        if self.nvml.is_none() {
+            self.agenda.touch_all();
+        }
         self.nvml = Some(gpus.to_vec());
-        self.agenda.touch_all();
         // A process NVML lists is a GPU process, whether or not its files were seen.
         let listed: Vec<(u64, Option<u64>)> = self
-            .cases
-            .iter()
-            .filter(|(id, c)| {
-                !c.gpu
-                    && self
-                        .memory
-                        .watch(**id)
-                        .is_some_and(|w| w.max_figure().is_some())
-            })
-            .map(|(id, c)| (*id, c.inc.t_group_dead_ns))
+            .memory
+            .figured()
+            .filter_map(|id| self.cases.get(&id).filter(|c| !c.gpu).map(|c| (id, c)))
+            .map(|(id, c)| (id, c.inc.t_group_dead_ns))
             .collect();
         for (id, dead) in listed {
+            self.agenda.touch(id);
             if let Some(c) = self.cases.get_mut(&id) {
                 c.gpu = true;
                 c.owns = true;

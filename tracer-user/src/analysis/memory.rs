@@ -490,6 +490,14 @@ impl MemoryBook {
         self.pools.retain(|_, p| !p.victims.is_empty());
     }
 
+    /// The keys of the watches NVML has given a figure, in key order.
+    pub fn figured(&self) -> impl Iterator<Item = u64> + '_ {
+        self.watches
+            .iter()
+            .filter(|(_, w)| w.max_figure().is_some())
+            .map(|(k, _)| *k)
+    }
+
     /// Whether the latest reading lists `pid` on some GPU.
     pub fn listed(&self, pid: u32) -> bool {
         self.last

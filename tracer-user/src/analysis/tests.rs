@@ -603,6 +603,48 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
     assert!(!inc.unseen.is_empty(), "says what --lean cannot see");
 }
 
+/// A kill storm under `--lean` (or the libraries' uprobes): every victim is watched in case
+/// NVML lists it, and NVML is read every millisecond meanwhile. A reading concerns the cases
+/// it lists, not the hundreds of others waiting for their reap: a pass over all of them after
+/// each reading was most of the collector's work on the H200.
+#[test]
+fn a_reading_wakes_only_the_cases_it_lists() {
+    let mut r = Run::new();
+    r.feed(
+        0,
+        0.0,
+        EventData::Strategy(crate::event::Strategy {
+            lean: true,
+            ..Default::default()
+        }),
+    );
+    r.nvml(0.0, GIB / 2, &[]);
+    let victims = 1000..1300u32;
+    for (i, pid) in victims.clone().enumerate() {
+        let t = 1.0 + i as f64 * 0.01;
+        r.kill(SHELL, pid, 9, t);
+        r.die(pid, &[], t + 0.005, 9);
+    }
+    // Every victim is dead and unreaped: nothing to decide until its reap or the reap wait.
+    let before = r.c.agenda.taken;
+    for n in 0..100 {
+        r.nvml(10.0 + n as f64, GIB / 2, &[]);
+    }
+    let looked = r.c.agenda.taken - before;
+    assert!(looked < 100, "{looked} cases looked at over 100 readings");
+    // One of them turns out to have had GPU memory: that reading wakes it.
+    r.nvml(111.0, 5 * GIB / 2, &[(1100, 2 * GIB)]);
+    r.nvml(240.0, GIB / 2, &[]);
+    for pid in victims {
+        r.zombie_and_reap(pid, 241.0);
+    }
+    r.tick(300.0);
+    let inc = r.last_of(1100);
+    assert_eq!(verdict(inc), VerdictKind::Released);
+    assert_eq!(back(inc), Some(240 * MS));
+    assert!(r.last_of(1101).gpu.is_none(), "{:?}", r.last_of(1101).gpu);
+}
+
 /// Two GPUs, instances in the other order than NVML's: NVML lists the victim on GPU0 only,
 /// its ledger also saw 4 GiB on GPU1. That part is awaited on GPU1 by the ledger's figure,
 /// and the incident says the sources disagreed.

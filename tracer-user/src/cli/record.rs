@@ -48,6 +48,18 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if args.live.recording.path.is_some() {
         bail!("`linger record` writes to -o FILE; --record is for `linger live`");
     }
+    if args.live.json || args.live.events {
+        // A usage mistake, refused like clap's own before anything is loaded: the output
+        // the flag asks for would silently not be there.
+        use clap::CommandFactory;
+        super::Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "`linger record` prints no incidents or events, only a summary; for both, run \
+                 `linger live --json [--events] --record FILE`",
+            )
+            .exit();
+    }
     args.live.recording.path = Some(args.output);
     let probes = live::load(&args.live)?;
     let ready = || eprintln!("linger: recording (Ctrl-C to stop)");
