@@ -4,7 +4,9 @@
 //! found nothing to do for may say until when nothing can happen to it unless an event
 //! touches it; it is left out of the passes until then.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::id_map::IdMap;
 
 #[derive(Default)]
 pub(super) struct Agenda {
@@ -12,7 +14,7 @@ pub(super) struct Agenda {
     due: BTreeSet<u64>,
     /// Quiet cases, by the time from which a pass must look at them again.
     quiet: BTreeSet<(u64, u64)>,
-    quiet_until: HashMap<u64, u64>,
+    quiet_until: IdMap<u64, u64>,
     /// Open cases by when they opened: the oldest bounds what may be pruned.
     opened: BTreeSet<(u64, u64)>,
     /// Cases the passes looked at, in all: what the tests hold the passes' work to.

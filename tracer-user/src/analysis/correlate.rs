@@ -7,12 +7,13 @@
 //! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
 //! changes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     agenda::Agenda,
     gpu_errors::{GpuErrorRecord, XidBook},
     holders::{FileId, Holder, Holders, How},
+    id_map::IdMap,
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
         ThreadExit,
@@ -147,16 +148,16 @@ pub struct Correlator {
     /// over a kilobyte.
     pub(super) cases: BTreeMap<u64, Box<Case>>,
     /// Live processes with a case.
-    alive: HashMap<u32, u64>,
+    alive: IdMap<u32, u64>,
     /// Dead processes with a case, until reaped.
-    unreaped: HashMap<u32, u64>,
+    unreaped: IdMap<u32, u64>,
     /// Holder pid → the cases whose `holder_gone` names it: an exit finds the cases it may
     /// release without a walk over every case (thousands in a kill storm under `--lean`).
-    held_for: HashMap<u32, BTreeSet<u64>>,
+    held_for: IdMap<u32, BTreeSet<u64>>,
     /// Which cases the pass after an event looks at.
     pub(super) agenda: Agenda,
     /// Open cases per target pid (a pid may be reused while its old case is open).
-    cases_of_pid: HashMap<u32, usize>,
+    cases_of_pid: IdMap<u32, usize>,
     pub(super) holders: Holders,
     pub(super) ledger: Ledger,
     pub(super) memory: MemoryBook,
@@ -165,10 +166,10 @@ pub struct Correlator {
     /// The latest NVML reading; None until one arrives (no NVML on this machine).
     pub(super) nvml: Option<Vec<NvmlGpu>>,
     /// Symbolized kernel stacks by id.
-    pub(super) stacks: HashMap<i32, Vec<String>>,
+    pub(super) stacks: IdMap<i32, Vec<String>>,
     /// Teardown samples by dying process.
-    pub(super) teardown: HashMap<u32, TeardownLog>,
-    oom_marked: HashMap<u32, u64>,
+    pub(super) teardown: IdMap<u32, TeardownLog>,
+    oom_marked: IdMap<u32, u64>,
     /// A death left references nobody known accounts for: the live collector should have the
     /// processes holding GPU files walked (`take_search_request`).
     search_wanted: bool,

@@ -5,11 +5,11 @@
 //! come from a /proc snapshot, grouped by kcmp, and get the kernel address as soon as a kernel
 //! record names one of them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::memory::ImportVia;
+use super::{id_map::IdMap, memory::ImportVia};
 use crate::event::{DriverFunc, Event, EventData, FdOp, ProcInfo};
 
 /// Kernel address of a `struct file`, or a snapshot group id until that address is known.
@@ -105,19 +105,19 @@ impl Holder {
 
 #[derive(Default)]
 pub struct Holders {
-    procs: HashMap<u32, Process>,
+    procs: IdMap<u32, Process>,
     /// Descriptors listed by the exit walk, waiting for the group-dead record.
-    dying: HashMap<u32, Vec<HeldFile>>,
+    dying: IdMap<u32, Vec<HeldFile>>,
     /// Descriptors an exec is thought to have kept (no close-on-exec known) that its walk has
     /// not confirmed yet: held meanwhile, dropped when the walk is over without them.
-    exec_pending: HashMap<u32, BTreeSet<i32>>,
+    exec_pending: IdMap<u32, BTreeSet<i32>>,
     /// Descriptors an exec is thought to have closed (close-on-exec as last seen), kept until
     /// the walk is over: a flag cleared with F_SETFD (not traced) shows in the walk, and the
     /// descriptor keeps how it was got.
-    exec_closed: HashMap<u32, BTreeMap<i32, Fd>>,
+    exec_closed: IdMap<u32, BTreeMap<i32, Fd>>,
     /// The CPU each pending exec walk runs on: the kernel lists it in the same program run as
     /// the exec record, so any other task's record from that CPU comes after the walk.
-    exec_cpu: HashMap<u32, u32>,
+    exec_cpu: IdMap<u32, u32>,
     /// Devices named with `--gpu-device`.
     declared: Vec<u32>,
 }

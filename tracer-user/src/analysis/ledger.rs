@@ -9,7 +9,7 @@
 //! (cuMem shareable handles, NCCL, PyTorch's expandable segments): memory such an importer
 //! holds outlives its exporter's files.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 use tracer_common::driver::{
@@ -19,7 +19,7 @@ use tracer_common::driver::{
     NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
 };
 
-use super::{gpu_errors, holders::FileId, memory::ImportVia};
+use super::{gpu_errors, holders::FileId, id_map::IdMap, memory::ImportVia};
 use crate::event::{Event, EventData, GpuInfo};
 
 /// NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD and the batch form EXPORT_OBJECTS_TO_FD.
@@ -105,11 +105,11 @@ pub struct FailedAlloc {
 #[derive(Default)]
 pub struct Ledger {
     /// Live objects by client, then handle: a client goes (or is scanned) as a whole.
-    objects: HashMap<u32, HashMap<u32, Object>>,
+    objects: IdMap<u32, IdMap<u32, Object>>,
     /// Client handle → the file whose ioctl created it.
-    clients: HashMap<u32, FileId>,
+    clients: IdMap<u32, FileId>,
     /// Client handle → the process that created it.
-    creators: HashMap<u32, u32>,
+    creators: IdMap<u32, u32>,
     failed: Vec<FailedAlloc>,
     /// Duplicates of other clients' objects still alive, with when they were made.
     dups: Vec<(Dup, u64)>,
@@ -120,7 +120,7 @@ pub struct Ledger {
     recent: VecDeque<(u64, u32, u64)>,
     /// Device instance → the RM's gpu id (PCI domain, bus, device), from GET_ID_INFO
     /// controls: instances are the driver's, numbered as GPUs were initialised.
-    gpu_ids: HashMap<u32, u32>,
+    gpu_ids: IdMap<u32, u32>,
 }
 
 impl Ledger {
@@ -398,7 +398,7 @@ impl Ledger {
 
     /// Per memory class totals for `files`, largest first.
     pub fn classes(&self, files: &[FileId]) -> Vec<ClassTotal> {
-        let mut by: HashMap<u32, ClassTotal> = HashMap::new();
+        let mut by: IdMap<u32, ClassTotal> = IdMap::default();
         for o in self.live_of(files).filter(|o| o.size > 0) {
             let t = by.entry(o.class).or_insert_with(|| ClassTotal {
                 class: format!("{:#x}", o.class),

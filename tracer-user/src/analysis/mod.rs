@@ -4,6 +4,7 @@ mod agenda;
 pub mod correlate;
 pub mod gpu_errors;
 pub mod holders;
+mod id_map;
 pub mod incident;
 pub mod ledger;
 pub mod losses;

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::id_map::IdMap;
 use crate::event::{DriverFunc, SampleKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -173,7 +174,7 @@ impl TeardownLog {
     /// a sleep's end the sleep.
     pub fn phases(
         &self,
-        stacks: &HashMap<i32, Vec<String>>,
+        stacks: &IdMap<i32, Vec<String>>,
         tid: u32,
         from: u64,
         to: u64,
@@ -219,7 +220,7 @@ impl TeardownLog {
     /// `nvidia_close_deferred`, a sampled stack ran a deferred release, or the process woke
     /// UVM's deferred release queue. Ordinary wake-ups of UVM's bottom-half and channel
     /// threads are not.
-    pub fn deferral(&self, stacks: &HashMap<i32, Vec<String>>) -> Option<String> {
+    pub fn deferral(&self, stacks: &IdMap<i32, Vec<String>>) -> Option<String> {
         if let Some(c) = self
             .calls
             .iter()
