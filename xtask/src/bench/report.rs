@@ -126,12 +126,12 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
     })
 }
 
-/// The previous report's storm figures (5dd6aba, measured at 73b2e16): workload, slowdown,
+/// The previous report's storm figures (9626a28, measured at 79bcb68): workload, slowdown,
 /// `linger live` CPU µs and wake-ups per iteration.
 const PREVIOUS_STORMS: [(&str, f64, f64, f64); 3] = [
-    ("kill-threads", 0.973, 28.0, 0.0),
-    ("kill-exec", 1.041, 17.9, 0.0),
-    ("spawn-true", 0.937, 18.1, 0.1),
+    ("kill-threads", 1.087, 22.4, 0.0),
+    ("kill-exec", 0.950, 13.8, 0.0),
+    ("spawn-true", 1.020, 8.4, 0.1),
 ];
 
 /// What changed since the previous report, for readers comparing the two.
@@ -140,18 +140,15 @@ fn changes(storms: &[Measured]) -> Result<String> {
         "
 ## Since the previous report
 
-The previous report (5dd6aba) was measured at 73b2e16 (2026-12-03 11:30 UTC), on another \
-virtual machine of this kind (an Intel Xeon; this one is an AMD EPYC, and the baselines differ \
-with the host). Since then:
+The previous report (9626a28) was measured at 79bcb68 (2026-12-03 16:24 UTC), on this virtual \
+machine (an AMD EPYC), nothing else running. Since then:
 
-- **Tracer**: no death is followed until every program is attached (one flag, `ARMED`, read by \
-the signal generation hook and a GPU holder's exit: one array read more per fatal signal), so \
-a kill during start-up is whole or absent. The collector asks whether NVML's fast readings are \
-still wanted once per batch instead of after every event, and the stack sampler follows the \
-programs' hint that a GPU holder is dying instead of those readings (both measured on the \
-H200, which has NVML: BENCHMARKS-H200.md; this machine has none, so neither shows here).
+- **Tracer**: the eBPF programs are unchanged. In the collector, an NVML reading wakes only the \
+incidents it lists instead of every open one (on the H200 about 36 → 22 µs of collector CPU per \
+kill in a storm: BENCHMARKS-H200.md; this machine has no NVML, so it does not show here), and \
+the analysis's maps keyed by pids and ids hash with one multiply instead of SipHash.
 - **Benchmarks**: unchanged.
-- **Storms**, previous report → this one (another machine, hour and load: the slowdowns compare \
+- **Storms**, previous report → this one (the same machine, another hour: the slowdowns compare \
 only roughly, CPU and wake-ups per iteration better):
 ",
     );
