@@ -47,6 +47,16 @@ impl Run {
         self.c.on_event(&e, &mut self.out);
     }
 
+    /// Tracing under `--lean`: opens are not seen, so any process may hold GPU files.
+    fn lean(&mut self) {
+        let strategy = crate::event::Strategy {
+            lean: true,
+            unseen: crate::event::LEAN_UNSEEN.map(String::from).to_vec(),
+            ..Default::default()
+        };
+        self.feed(0, 0.0, EventData::Strategy(strategy));
+    }
+
     fn tick(&mut self, t_ms: f64) {
         self.feed(0, t_ms, EventData::Tick);
     }
@@ -580,15 +590,7 @@ fn without_nvml_a_forked_holders_death_updates_its_parent() {
 #[test]
 fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
     let mut r = Run::new();
-    r.feed(
-        0,
-        0.0,
-        EventData::Strategy(crate::event::Strategy {
-            lean: true,
-            unseen: crate::event::LEAN_UNSEEN.map(String::from).to_vec(),
-            ..Default::default()
-        }),
-    );
+    r.lean();
     r.nvml(0.0, GIB / 2, &[]);
     // No open was seen: the process is not a known holder when it is killed.
     r.kill(SHELL, 10, 9, 200.0);
@@ -610,14 +612,7 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
 #[test]
 fn a_reading_wakes_only_the_cases_it_lists() {
     let mut r = Run::new();
-    r.feed(
-        0,
-        0.0,
-        EventData::Strategy(crate::event::Strategy {
-            lean: true,
-            ..Default::default()
-        }),
-    );
+    r.lean();
     r.nvml(0.0, GIB / 2, &[]);
     let victims = 1000..1300u32;
     for (i, pid) in victims.clone().enumerate() {
