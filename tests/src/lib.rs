@@ -247,9 +247,8 @@ impl Live {
     /// what it printed.
     pub fn finish(mut self) -> Output {
         let status = self.child.wait();
-        let records = self
-            .stdout
-            .all()
+        let lines = self.stdout.all();
+        let records = lines
             .iter()
             .map(|line| {
                 serde_json::from_str(line)
@@ -259,6 +258,7 @@ impl Live {
         Output {
             status,
             records,
+            lines,
             stderr: self.stderr.all().join("\n"),
         }
     }
@@ -270,6 +270,8 @@ pub struct Output {
     pub status: ExitStatus,
     /// Every stdout line, parsed.
     pub records: Vec<Value>,
+    /// Every stdout line as printed.
+    pub lines: Vec<String>,
     /// Every stderr line, the ready line included.
     pub stderr: String,
 }

@@ -3,13 +3,16 @@
 #![allow(dead_code, reason = "each trace test file uses a part of it")]
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    collections::BTreeSet,
+    ffi::OsString,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };
 
-use nix::{sys::signal::Signal, unistd::Pid};
+use linger_tests::{Live, Target};
+use nix::sys::signal::Signal;
 
 pub fn linger() -> PathBuf {
     PathBuf::from(std::env::var_os("LINGER_BIN").expect(
@@ -29,42 +32,40 @@ pub struct Recording {
     _dir: TempDir,
 }
 
-/// Records `extra` args (e.g. `--uncompressed`) for about 3.5 s while killing children: three
-/// 4-thread ones at once, then one more 2.5 s later, so the trace spans several chunks.
+/// Records `extra` args (e.g. `--uncompressed`) while killing children: three 4-thread ones at
+/// once, then one more 2.5 s later, so the trace spans several chunks. linger is stopped with
+/// SIGINT once every kill's incident came out with its reap: here the reap is seen when the
+/// kernel frees the task, an RCU grace period after it (hundreds of ms on a busy machine), so a
+/// fixed duration would cut the last one off by timing alone. A reap linger never sees still
+/// fails the test, at the hang guard.
 pub fn record(name: &str, extra: &[&str]) -> Recording {
     let dir = TempDir::new(name);
     let trace = dir.0.join("run.lgr");
-    let mut live = Command::new(linger())
-        .args(["live", "--json", "--duration", "3500ms", "--record"])
-        .arg(&trace)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting linger live");
-    let mut stderr = BufReader::new(live.stderr.take().expect("piped"));
-    let first = wait_for_line(&mut stderr, "tracing");
-    let mut killed = Vec::new();
-    let batch: Vec<Child> = (0..3).map(|_| target(4)).collect();
-    killed.extend(batch.into_iter().map(kill));
+    let mut args: Vec<OsString> = vec!["--json".into(), "--record".into(), trace.clone().into()];
+    args.extend(extra.iter().map(OsString::from));
+    let mut live = Live::start(args);
+    let batch: Vec<Target> = (0..3).map(|_| Target::start(4, "default")).collect();
+    let mut killed: Vec<u32> = batch.into_iter().map(kill).collect();
     std::thread::sleep(Duration::from_millis(2500));
-    killed.push(kill(target(2)));
-    let mut live_json = String::new();
-    live.stdout
-        .take()
-        .expect("piped")
-        .read_to_string(&mut live_json)
-        .expect("live's stdout");
-    let mut live_stderr = first;
-    stderr
-        .read_to_string(&mut live_stderr)
-        .expect("live's stderr");
-    let status = live.wait().expect("linger live");
-    assert!(status.success(), "linger live failed: {live_stderr}");
+    killed.push(kill(Target::start(2, "default")));
+    let mut unseen: BTreeSet<u32> = killed.iter().copied().collect();
+    while !unseen.is_empty() {
+        let Some(line) = live.next_record() else {
+            break;
+        };
+        if line["type"] == "incident" && !line["t_reaped_ns"].is_null() {
+            if let Some(pid) = line["target"]["pid"].as_u64() {
+                unseen.remove(&(pid as u32));
+            }
+        }
+    }
+    live.child.signal(Signal::SIGINT);
+    let out = live.finish();
+    assert!(out.status.success(), "linger live failed: {}", out.stderr);
     Recording {
         trace,
-        live_json,
-        live_stderr,
+        live_json: out.lines.iter().map(|l| format!("{l}\n")).collect(),
+        live_stderr: out.stderr,
         killed,
         _dir: dir,
     }
@@ -97,11 +98,10 @@ pub fn target(threads: u32) -> Child {
     child
 }
 
-fn kill(mut child: Child) -> u32 {
-    let pid = child.id();
-    nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill");
-    child.wait().expect("reaping the target");
-    pid
+fn kill(mut target: Target) -> u32 {
+    target.child.signal(Signal::SIGKILL);
+    target.child.wait();
+    target.pid
 }
 
 /// Runs linger with `args`.
