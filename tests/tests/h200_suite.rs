@@ -1,8 +1,8 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
-//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Ten passes of
-//! the same suite in the default mode, whose timing differed, are all checked, and four with
-//! `--lean`, which sees no system call and must still give the same answers.
+//! the suite's own independent NVML poll (truth.jsonl beside the recordings). Fourteen passes
+//! of the same suite in the default mode, whose timing and builds differed, are all checked, and
+//! five with `--lean`, which sees no system call and must still give the same answers.
 
 use std::{
     collections::BTreeSet,
@@ -28,7 +28,7 @@ fn passes() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite");
     [
         "pass1", "pass2", "pass3", "pass4", "pass5", "pass6", "pass7", "pass8", "pass9", "pass10",
-        "pass11", "pass12", "pass13", "lean", "lean2", "lean3", "lean4", "xid",
+        "pass11", "pass12", "pass13", "pass14", "lean", "lean2", "lean3", "lean4", "lean5", "xid",
     ]
     .iter()
     .map(|p| root.join(p))
