@@ -9,14 +9,14 @@ use std::{
     process::{Command, Stdio},
 };
 
-use trace_support::{linger, reaped_pids, record, run, target, wait_for_line, TempDir};
+use trace_support::{incident_pids, linger, record, run, target, wait_for_line, TempDir};
 
 fn replays_identically(extra: &[&str]) {
     let rec = record(&format!("replay{}", extra.join("")), extra);
-    let live_reaped = reaped_pids(&rec.live_json);
+    let reported = incident_pids(&rec.live_json);
     for pid in &rec.killed {
         assert!(
-            live_reaped.contains(pid),
+            reported.contains(pid),
             "live missed the kill of {pid}: {}\n{}",
             rec.live_json,
             rec.live_stderr

@@ -8,7 +8,7 @@ use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use linger_tests::{Live, Target};
@@ -19,6 +19,9 @@ pub fn linger() -> PathBuf {
         "LINGER_BIN is not set: run the integration tests with `cargo xtask test` (as root)",
     ))
 }
+
+/// How long a recording lasts at least: more than three of the writer's 1 s chunks.
+const RECORDED: Duration = Duration::from_millis(3500);
 
 /// What one recorded run left behind.
 pub struct Recording {
@@ -32,11 +35,12 @@ pub struct Recording {
     _dir: TempDir,
 }
 
-/// Records `extra` args (e.g. `--uncompressed`) while killing children: three 4-thread ones at
-/// once, then one more 2.5 s later, so the trace spans several chunks. linger is stopped with
-/// SIGINT once every kill's incident came out with its reap: here the reap is seen when the
-/// kernel frees the task, an RCU grace period after it (hundreds of ms on a busy machine), so a
-/// fixed duration would cut the last one off by timing alone. A reap linger never sees still
+/// Records `extra` args (e.g. `--uncompressed`) for at least 3.5 s while killing children: three
+/// 4-thread ones at once, then one more 2.5 s later, so the trace spans several chunks. linger is
+/// stopped with SIGINT once every kill's incident came out, not after a fixed duration: without
+/// the wait4 tracepoint an incident waits for the kernel to free the task, an RCU grace period
+/// after the reap (hundreds of ms on a busy machine, and at times never: docs/modes.md), so a
+/// fixed duration would cut the last one off by timing alone. A kill linger never reports still
 /// fails the test, at the hang guard.
 pub fn record(name: &str, extra: &[&str]) -> Recording {
     let dir = TempDir::new(name);
@@ -44,6 +48,7 @@ pub fn record(name: &str, extra: &[&str]) -> Recording {
     let mut args: Vec<OsString> = vec!["--json".into(), "--record".into(), trace.clone().into()];
     args.extend(extra.iter().map(OsString::from));
     let mut live = Live::start(args);
+    let started = Instant::now();
     let batch: Vec<Target> = (0..3).map(|_| Target::start(4, "default")).collect();
     let mut killed: Vec<u32> = batch.into_iter().map(kill).collect();
     std::thread::sleep(Duration::from_millis(2500));
@@ -53,12 +58,13 @@ pub fn record(name: &str, extra: &[&str]) -> Recording {
         let Some(line) = live.next_record() else {
             break;
         };
-        if line["type"] == "incident" && !line["t_reaped_ns"].is_null() {
+        if line["type"] == "incident" {
             if let Some(pid) = line["target"]["pid"].as_u64() {
                 unseen.remove(&(pid as u32));
             }
         }
     }
+    std::thread::sleep(RECORDED.saturating_sub(started.elapsed()));
     live.child.signal(Signal::SIGINT);
     let out = live.finish();
     assert!(out.status.success(), "linger live failed: {}", out.stderr);
@@ -122,11 +128,10 @@ pub fn incidents(json_lines: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Target pids of incidents that ended with the target reaped.
-pub fn reaped_pids(json_lines: &str) -> Vec<u32> {
+/// Target pids of the incidents.
+pub fn incident_pids(json_lines: &str) -> Vec<u32> {
     incidents(json_lines)
         .iter()
-        .filter(|v| !v["t_reaped_ns"].is_null())
         .filter_map(|v| v["target"]["pid"].as_u64().map(|p| p as u32))
         .collect()
 }

@@ -215,7 +215,7 @@ fn steps(inc: &Incident) -> Vec<String> {
             ms(inc.ms_after_signal(t))
         )),
         (Some(t), _) => steps.push(format!("freed by +{}", ms(inc.ms_after_signal(t)))),
-        (None, _) if inc.outcome == Outcome::Exited => steps.push("not reaped yet".into()),
+        (None, _) if inc.outcome == Outcome::Exited => steps.push("reap not seen yet".into()),
         _ => {}
     }
     if inc.outcome == Outcome::Pending {
