@@ -9,7 +9,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-use trace_support::{incident_pids, linger, record, run, target, wait_for_line, TempDir};
+use linger_tests::{linger_bin, Target};
+use nix::sys::signal::Signal;
+use trace_support::{incident_pids, record, run, wait_for_line, TempDir};
 
 fn replays_identically(extra: &[&str]) {
     let rec = record(&format!("replay{}", extra.join("")), extra);
@@ -57,11 +59,11 @@ fn replay_json_is_live_json_uncompressed() {
 #[test]
 fn redact_cmdline_drops_arguments() {
     let dir = TempDir::new("redact");
-    let mut bystander = target(3);
+    let mut bystander = Target::start(3, "default");
     let marker = "--threads";
     for redact in [false, true] {
         let file = dir.0.join(format!("redact-{redact}.lgr"));
-        let mut cmd = Command::new(linger());
+        let mut cmd = Command::new(linger_bin());
         cmd.args(["record", "--duration", "300ms", "--uncompressed", "-o"])
             .arg(&file);
         if redact {
@@ -76,11 +78,11 @@ fn redact_cmdline_drops_arguments() {
         let bytes = std::fs::read(&file).expect("the trace");
         let found = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
         assert_eq!(found, !redact, "redact={redact}");
-        let program = linger().to_string_lossy().into_owned();
+        let program = linger_bin().to_string_lossy().into_owned();
         assert!(bytes
             .windows(program.len())
             .any(|w| w == program.as_bytes()));
     }
-    bystander.kill().expect("killing the bystander");
-    bystander.wait().expect("reaping the bystander");
+    bystander.child.signal(Signal::SIGKILL);
+    bystander.child.wait();
 }

@@ -5,20 +5,14 @@
 use std::{
     collections::BTreeSet,
     ffi::OsString,
-    io::{BufRead, BufReader},
+    io::BufRead,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output},
     time::{Duration, Instant},
 };
 
-use linger_tests::{Live, Target};
+use linger_tests::{linger_bin, Live, Target};
 use nix::sys::signal::Signal;
-
-pub fn linger() -> PathBuf {
-    PathBuf::from(std::env::var_os("LINGER_BIN").expect(
-        "LINGER_BIN is not set: run the integration tests with `cargo xtask test` (as root)",
-    ))
-}
 
 /// How long a recording lasts at least: more than three of the writer's 1 s chunks.
 const RECORDED: Duration = Duration::from_millis(3500);
@@ -89,21 +83,6 @@ pub fn wait_for_line(from: &mut impl BufRead, word: &str) -> String {
     seen
 }
 
-/// A `linger __target` child, waited for until it says it is ready.
-pub fn target(threads: u32) -> Child {
-    let mut child = Command::new(linger())
-        .args(["__target", "--threads", &threads.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting a target");
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().expect("piped"))
-        .read_line(&mut ready)
-        .expect("target's stdout");
-    assert!(ready.starts_with("ready"), "target said {ready:?}");
-    child
-}
-
 fn kill(mut target: Target) -> u32 {
     target.child.signal(Signal::SIGKILL);
     target.child.wait();
@@ -112,7 +91,7 @@ fn kill(mut target: Target) -> u32 {
 
 /// Runs linger with `args`.
 pub fn run(args: &[&str], file: &Path) -> Output {
-    Command::new(linger())
+    Command::new(linger_bin())
         .args(args)
         .arg(file)
         .output()
