@@ -429,7 +429,7 @@ pub const LEAN_UNSEEN: [&str; 4] = [
     "GPU ioctls: no allocation ledger, no collateral (refused allocations), imports known from NVML's figures only",
     "opens, dups and closes of GPU files: holders come from the start-up snapshot, NVML's process list (a /proc look at each new pid), forks, and the exec and exit walks of their descriptor tables",
     WAIT4_UNSEEN,
-    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started at the signal",
+    "SIGKILLs of processes not yet known as GPU holders: timed from NVML readings started at the signal",
 ];
 
 /// What the NVIDIA libraries' hooks do not see in place of the system call tracepoints.
@@ -442,8 +442,8 @@ pub const BY_LIBRARY_UNSEEN: [&str; 4] = [
      its descriptor while the file lives on elsewhere counts as holding it until its next \
      exec or exit walk",
     WAIT4_UNSEEN,
-    "SIGKILLs of processes not yet known as GPU holders are timed from NVML readings started \
-     at the signal",
+    "SIGKILLs of processes not yet known as GPU holders: timed from NVML readings started at \
+     the signal",
 ];
 
 /// What the driver's hooks do not see in place of the system call tracepoints.

@@ -147,8 +147,8 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
     if !inc.unseen.is_empty() {
         let _ = writeln!(
             s,
-            "{INDENT}lean: no ioctls, opens or closes seen (no ledger, no collateral); holders \
-             from /proc, NVML, forks and the exit walks"
+            "{INDENT}not seen in this mode: {}",
+            unseen_subjects(&inc.unseen)
         );
     }
     let (stacks, facts): (Vec<_>, Vec<_>) =
@@ -542,6 +542,16 @@ fn fd_ranges(fds: &[i32]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// What each `unseen` entry is about (its text before the colon), for one line; the JSON
+/// output has the whole entries, with how the answer is still obtained.
+fn unseen_subjects(unseen: &[String]) -> String {
+    let subjects: Vec<&str> = unseen
+        .iter()
+        .map(|u| u.split_once(':').map_or(u.as_str(), |(subject, _)| subject))
+        .collect();
+    e(&subjects.join("; ")).into_owned()
+}
+
 fn loss_name(what: LossKind) -> String {
     serde_json::to_value(what)
         .ok()
@@ -563,6 +573,22 @@ mod tests {
     use crate::analysis::incident::Target;
 
     const GIB: u64 = 1 << 30;
+
+    /// What the recording's mode did not see is said from its own list, not as `--lean`'s.
+    #[test]
+    fn an_incident_says_what_its_mode_did_not_see() {
+        let unseen = |list: &[&str]| {
+            unseen_subjects(&list.iter().map(|u| u.to_string()).collect::<Vec<_>>())
+        };
+        let library = unseen(&crate::event::BY_LIBRARY_UNSEEN);
+        assert!(library.starts_with("opens, dups, closes and ioctls of GPU files made outside the NVIDIA libraries hooked; closes of GPU descriptors by the program itself (not the library); wait4"), "{library}");
+        assert!(!library.contains("no ledger"), "{library}");
+        let lean = unseen(&crate::event::LEAN_UNSEEN);
+        assert!(
+            lean.starts_with("GPU ioctls; opens, dups and closes of GPU files; wait4"),
+            "{lean}"
+        );
+    }
 
     /// Memory on two GPUs, GPU0's part back and GPU1's held: a line for each.
     #[test]
