@@ -19,7 +19,9 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
+pub mod accuracy;
 pub mod bench;
+pub mod fixtures;
 
 /// Longest wait for a line or an exit before the test gives up on a hung child.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);

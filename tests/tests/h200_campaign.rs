@@ -1,38 +1,57 @@
 //! The H200 termination campaign (scripts/h200/campaign.py; docs/article-table.md), replayed:
-//! `linger stats` over its recordings must print what this test computes itself from the
-//! incidents' JSON, and each incident's release must match the campaign's own 1 ms NVML poll.
+//! each incident this linger makes of the campaign's recordings must be released when the
+//! campaign's own 1 ms NVML poll says, with the verdict and termination mode the campaign
+//! staged, and `linger stats` over the recordings must print what this test computes itself
+//! from those incidents.
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
+    sync::OnceLock,
 };
 
+use linger_tests::fixtures::{h200, json_lines};
 use serde_json::Value;
 
 /// A release must match the campaign's poll this closely.
-const WITHIN_NS: u64 = 3_000_000;
+const WITHIN_NS: u64 = 2_000_000;
+/// How often the campaign's next job retries its allocation (scripts/h200/campaign.py).
+const NEXT_JOB_RETRY_NS: u64 = 20_000_000;
+/// How close the poll's release is where the next job's allocation is in the same readings.
+const NEXT_JOB_WITHIN_NS: u64 = 3_000_000;
+const RUNS: [&str; 2] = ["a", "b"];
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
 }
 
 fn campaign() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200/campaign")
+    h200().join("campaign")
 }
 
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+/// The last record of each GPU incident `linger replay` makes of one run's recording, by
+/// target pid; replayed once for all tests.
+fn incidents(run: &str) -> &'static BTreeMap<u64, Value> {
+    static RUNS_REPLAYED: OnceLock<BTreeMap<String, BTreeMap<u64, Value>>> = OnceLock::new();
+    let all = RUNS_REPLAYED.get_or_init(|| {
+        RUNS.iter()
+            .map(|run| (run.to_string(), replayed(&campaign().join(run))))
+            .collect()
+    });
+    &all[run]
+}
+
+fn replayed(dir: &Path) -> BTreeMap<u64, Value> {
+    let out = Command::new(linger())
+        .args(["replay", "--json"])
+        .arg(dir.join("campaign.trace"))
+        .output()
+        .expect("linger replay");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
-}
-
-/// The last record of each GPU incident of one run's live output, by target pid.
-fn incidents(run: &str) -> BTreeMap<u64, Value> {
-    lines(&campaign().join(run).join("incidents.jsonl"))
-        .into_iter()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
         .filter(|r| {
             r["type"]
                 .as_str()
@@ -50,9 +69,9 @@ fn rank(sorted: &[f64], p: f64) -> f64 {
 
 #[test]
 fn every_run_is_released_when_the_campaigns_poll_says() {
-    for run in ["a", "b"] {
+    for run in RUNS {
         let incs = incidents(run);
-        for t in lines(&campaign().join(run).join("truth.jsonl")) {
+        for t in json_lines(&campaign().join(run).join("truth.jsonl.zst")) {
             let mode = t["mode"].as_str().expect("mode");
             // A CUDA fault's run records the error the program saw; any other error is the
             // campaign's own.
@@ -65,28 +84,39 @@ fn every_run_is_released_when_the_campaigns_poll_says() {
                 "{run}/{mode} failed on the H200: {t}"
             );
             let pid = t["pid"].as_u64().expect("pid");
-            let inc = &incs[&pid];
+            let inc = incs
+                .get(&pid)
+                .unwrap_or_else(|| panic!("{run}/{mode}: no incident of {pid}"));
             let back = inc["gpu"]["t_memory_back_ns"].as_u64().expect("back");
             assert_eq!(
                 inc["termination"]["mode"], t["expect"],
                 "{run}/{mode}: {inc}"
             );
-            // In run a the next job's allocation hid the return from the poll's idle level;
-            // its success is then the bound: it could only fit once the memory was back.
-            let truth = match (mode, t["victim_share"].is_null()) {
-                ("next-job-waits", true) => {
-                    let got = t["next_t_got_ns"].as_u64().expect("next job's allocation");
-                    assert!(back <= got, "{run}/{mode}: back after the next job fit");
-                    got
-                }
-                _ => t["t_back_ns"].as_u64().expect("t_back_ns"),
+            // The next job could only fit once the memory was back, and did at its next try
+            // (one every NEXT_JOB_RETRY_NS). Its allocation lands in the poll's readings of
+            // the release, so there the poll's own figure is good to NEXT_JOB_WITHIN_NS; in
+            // run a it hid the return from the poll altogether.
+            let within = if mode == "next-job-waits" {
+                let got = t["next_t_got_ns"].as_u64().expect("next job's allocation");
+                assert!(
+                    back <= got && got - back <= NEXT_JOB_RETRY_NS + WITHIN_NS,
+                    "{run}/{mode}: back {:.2} ms before the next job fit",
+                    (got as f64 - back as f64) / 1e6
+                );
+                NEXT_JOB_WITHIN_NS
+            } else {
+                WITHIN_NS
             };
-            assert!(
-                back.abs_diff(truth) <= WITHIN_NS,
-                "{run}/{mode} {} GiB: {:.2} ms from the poll",
-                t["gib"],
-                (back as f64 - truth as f64) / 1e6
-            );
+            let hidden = mode == "next-job-waits" && t["victim_share"].is_null();
+            if !hidden {
+                let truth = t["t_back_ns"].as_u64().expect("t_back_ns");
+                assert!(
+                    back.abs_diff(truth) <= within,
+                    "{run}/{mode} {} GiB: {:.2} ms from the poll",
+                    t["gib"],
+                    (back as f64 - truth as f64) / 1e6
+                );
+            }
             let verdict = inc["verdict"]["kind"].as_str().expect("verdict");
             let want = if mode == "forked-holder" {
                 "shared_fd"
@@ -123,9 +153,9 @@ fn the_table_is_what_the_incidents_say() {
     assert!(out.status.success(), "{out:?}");
     let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     // Independently: per termination mode, the release times of the incidents with memory
-    // of their own (the traces replayed by stats hold the same incidents: counted once).
+    // of their own.
     let mut by: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
-    for run in ["a", "b"] {
+    for run in RUNS {
         for inc in incidents(run).values() {
             let share = inc["gpu"]["share_bytes"].as_u64().unwrap_or(0);
             if share == 0 {

@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask <setup|build|run|test|vm|bench>`.
 
 mod bench;
+mod budget;
 mod build;
 mod setup;
 mod test;
@@ -26,7 +27,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run every test: unit tests and the integration tests that load real programs (as root).
+    /// Check the tracked tree's size budget, then run every test: unit tests and the
+    /// integration tests that load real programs (as root).
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -51,7 +53,10 @@ fn main() -> anyhow::Result<()> {
         Command::Setup => setup::run().map(|_| ()),
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
-        Command::Test { args } => test::run(&args),
+        Command::Test { args } => {
+            budget::check()?;
+            test::run(&args)
+        }
         Command::Vm { console, kernel } => {
             let (passed, failed) = match console {
                 Some(path) => vm::check_saved(&path)?,

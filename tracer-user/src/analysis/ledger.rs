@@ -26,6 +26,42 @@ use crate::event::{Event, EventData, GpuInfo};
 const CTRL_EXPORT_TO_FD: [u32; 2] = [0x3d05, 0x3d0b];
 /// NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECT_FROM_FD and IMPORT_OBJECTS_FROM_FD.
 const CTRL_IMPORT_FROM_FD: [u32; 2] = [0x3d06, 0x3d0c];
+/// The RM controls the ledger has a rule for.
+enum Control {
+    GpuIdInfo,
+    ExportToFd,
+    ImportFromFd,
+}
+
+fn control(ctrl_cmd: u32) -> Option<Control> {
+    let ctrl = ctrl_cmd & 0xffff;
+    if CTRL_GPU_GET_ID_INFO.contains(&ctrl_cmd) {
+        Some(Control::GpuIdInfo)
+    } else if CTRL_EXPORT_TO_FD.contains(&ctrl) {
+        Some(Control::ExportToFd)
+    } else if CTRL_IMPORT_FROM_FD.contains(&ctrl) {
+        Some(Control::ImportFromFd)
+    } else {
+        None
+    }
+}
+
+/// The escape code of an ioctl command (the UVM's are plain numbers).
+fn escape_nr(cmd: u32) -> u32 {
+    if cmd <= 0xff {
+        cmd
+    } else {
+        driver::ioc_nr(cmd)
+    }
+}
+
+/// A successful RM control that no rule of the analysis reads: most of a CUDA program's
+/// driver calls. Fixture traces may leave these out (`linger-trace-trim`).
+pub fn is_unread_control(data: &EventData) -> bool {
+    matches!(data, EventData::GpuIoctl { cmd, status: 0, ctrl_cmd, .. }
+        if escape_nr(*cmd) == driver::RM_CONTROL && control(*ctrl_cmd).is_none())
+}
+
 /// Allocations kept for telling an allocation from an import in NVML's figures.
 const RECENT_NS: u64 = 30_000_000_000;
 
@@ -140,12 +176,7 @@ impl Ledger {
         else {
             return;
         };
-        let nr = if *cmd <= 0xff {
-            *cmd
-        } else {
-            driver::ioc_nr(*cmd)
-        };
-        match nr {
+        match escape_nr(*cmd) {
             driver::RM_ALLOC | driver::RM_ALLOC_MEMORY => {
                 if *status != 0 {
                     if *size > 0 && *h_class != NV01_DEVICE_0 {
@@ -203,20 +234,18 @@ impl Ledger {
                 };
                 self.dups.push((dup, e.ts_ns));
             }
-            driver::RM_CONTROL if *status == 0 => {
-                let ctrl = *ctrl_cmd & 0xffff;
-                if CTRL_GPU_GET_ID_INFO.contains(ctrl_cmd) {
+            driver::RM_CONTROL if *status == 0 => match control(*ctrl_cmd) {
+                Some(Control::GpuIdInfo) => {
                     // Traces recorded before the decode carry 0: no GPU's id.
                     let (gpu_id, instance) = id_info_of(*size);
                     if gpu_id != 0 {
                         self.gpu_ids.insert(instance, gpu_id);
                     }
-                } else if CTRL_EXPORT_TO_FD.contains(&ctrl) {
-                    self.fd_exports.push((e.pid, *h_root, e.ts_ns));
-                } else if CTRL_IMPORT_FROM_FD.contains(&ctrl) {
-                    self.fd_imports.push((e.pid, *h_root, e.ts_ns));
                 }
-            }
+                Some(Control::ExportToFd) => self.fd_exports.push((e.pid, *h_root, e.ts_ns)),
+                Some(Control::ImportFromFd) => self.fd_imports.push((e.pid, *h_root, e.ts_ns)),
+                None => {}
+            },
             _ => {}
         }
     }

@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::{
     format::{self, kind},
     meta::TraceMeta,
+    reader::Chunk,
     record,
     snapshot::Process,
 };
@@ -232,39 +233,24 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn write_chunk(&mut self) -> io::Result<()> {
-        let compressed = match &mut self.compressor {
-            Some(c) => Some(c.compress(&self.body)?),
-            None => None,
+        let chunk = Chunk {
+            seq: self.seq,
+            records: self.records,
+            t_first_ns: if self.t_first == u64::MAX {
+                0
+            } else {
+                self.t_first
+            },
+            t_last_ns: self.t_last,
+            end_offset: 0,
+            body: &self.body,
         };
-        let (codec, stored) = match &compressed {
-            Some(z) if z.len() < self.body.len() => (format::CODEC_ZSTD, z.as_slice()),
-            _ => (format::CODEC_NONE, self.body.as_slice()),
-        };
-        let t_first = if self.t_first == u64::MAX {
-            0
-        } else {
-            self.t_first
-        };
-        let out = &mut self.stored;
-        out.clear();
-        out.extend_from_slice(&format::CHUNK_MAGIC);
-        out.put_u32_le(self.seq);
-        out.put_u32_le(stored.len() as u32);
-        out.put_u32_le(self.body.len() as u32);
-        out.put_u32_le(self.records);
-        out.put_u8(codec);
-        out.put_bytes(0, 3);
-        out.put_u64_le(t_first);
-        out.put_u64_le(self.t_last);
-        out.put_u32_le(crc32c::crc32c(stored));
-        let header_crc = crc32c::crc32c(out);
-        out.put_u32_le(header_crc);
-        out.extend_from_slice(stored);
-        self.out.write_all(out)?;
+        encode_chunk(&chunk, self.compressor.as_mut(), &mut self.stored)?;
+        self.out.write_all(&self.stored)?;
         self.out.flush()?;
         self.seq = self.seq.wrapping_add(1);
         self.stats.chunks += 1;
-        self.stats.file_bytes += out.len() as u64;
+        self.stats.file_bytes += self.stored.len() as u64;
         Ok(())
     }
 
@@ -283,4 +269,36 @@ impl<W: Write> Tap for TraceWriter<W> {
     fn event(&mut self, e: &Event) {
         TraceWriter::event(self, e);
     }
+}
+
+/// `chunk` as it stands in a file, into `out`: its header and its body, compressed where that
+/// makes it smaller.
+pub fn encode_chunk(
+    chunk: &Chunk,
+    compressor: Option<&mut zstd::bulk::Compressor<'static>>,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let compressed = match compressor {
+        Some(c) => Some(c.compress(chunk.body)?),
+        None => None,
+    };
+    let (codec, stored) = match &compressed {
+        Some(z) if z.len() < chunk.body.len() => (format::CODEC_ZSTD, z.as_slice()),
+        _ => (format::CODEC_NONE, chunk.body),
+    };
+    out.clear();
+    out.extend_from_slice(&format::CHUNK_MAGIC);
+    out.put_u32_le(chunk.seq);
+    out.put_u32_le(stored.len() as u32);
+    out.put_u32_le(chunk.body.len() as u32);
+    out.put_u32_le(chunk.records);
+    out.put_u8(codec);
+    out.put_bytes(0, 3);
+    out.put_u64_le(chunk.t_first_ns);
+    out.put_u64_le(chunk.t_last_ns);
+    out.put_u32_le(crc32c::crc32c(stored));
+    let header_crc = crc32c::crc32c(out);
+    out.put_u32_le(header_crc);
+    out.extend_from_slice(stored);
+    Ok(())
 }

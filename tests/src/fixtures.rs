@@ -1,0 +1,26 @@
+//! The committed recordings under tests/data: JSON lines are stored zstd-compressed
+//! (`NAME.jsonl.zst`) to keep the tree small enough for a GPU machine's call to carry.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// tests/data/h200.
+pub fn h200() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200")
+}
+
+/// The JSON values of a `.jsonl.zst` (or plain `.jsonl`) file, one a line.
+pub fn json_lines(path: &Path) -> Vec<Value> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::decode_all(bytes.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    } else {
+        bytes
+    };
+    String::from_utf8(text)
+        .expect("UTF-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display())))
+        .collect()
+}
