@@ -1,7 +1,8 @@
-//! Project tasks: `cargo xtask <setup|build|run|test|vm|bench>`.
+//! Project tasks: `cargo xtask <setup|build|run|lint|test|vm|bench>`.
 
 mod bench;
 mod build;
+mod lint;
 mod setup;
 mod test;
 mod vm;
@@ -26,6 +27,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Check formatting (cargo fmt) and lint the host workspace with clippy, warnings as errors.
+    Lint,
     /// Run every test: unit tests and the integration tests that load real programs (as root).
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
@@ -51,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Setup => setup::run().map(|_| ()),
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
+        Command::Lint => lint::run(),
         Command::Test { args } => test::run(&args),
         Command::Vm { console, kernel } => {
             let (passed, failed) = match console {
