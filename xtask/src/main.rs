@@ -18,7 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install or check nightly with rust-src and a bpf-linker built against nightly's LLVM.
+    /// Install or check the pinned nightly (tracer-user/ebpf-toolchain.rs) with rust-src and a
+    /// bpf-linker built against its LLVM.
     Setup,
     /// Build the `linger` binary (release).
     Build,
