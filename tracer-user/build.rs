@@ -1,7 +1,9 @@
-//! Builds the eBPF programs (tracer-ebpf) with nightly and bpf-linker. `cargo xtask setup`
-//! installs both; bpf-linker is found on PATH or where setup puts it.
+//! Builds the eBPF programs (tracer-ebpf) with the pinned nightly and bpf-linker. `cargo xtask
+//! setup` installs both; bpf-linker is found on PATH or where setup puts it.
 
 use std::{env, path::PathBuf};
+
+include!("ebpf-toolchain.rs");
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=LINGER_TOOLCHAIN_DIR");
@@ -11,7 +13,7 @@ fn main() -> anyhow::Result<()> {
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../tracer-ebpf"),
         ..Default::default()
     };
-    aya_build::build_ebpf([package], aya_build::Toolchain::default())
+    aya_build::build_ebpf([package], aya_build::Toolchain::Custom(EBPF_TOOLCHAIN))
 }
 
 fn ensure_bpf_linker_on_path() -> anyhow::Result<()> {
@@ -23,7 +25,8 @@ fn ensure_bpf_linker_on_path() -> anyhow::Result<()> {
     let toolchain = env::var_os("LINGER_TOOLCHAIN_DIR")
         .map(PathBuf::from)
         .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/linger")));
-    let Some(bin) = toolchain.map(|t| t.join("bpf-linker/bin")) else {
+    // One folder per pinned nightly, as xtask's setup lays it out.
+    let Some(bin) = toolchain.map(|t| t.join(EBPF_TOOLCHAIN).join("bpf-linker/bin")) else {
         anyhow::bail!("bpf-linker not found: run `cargo xtask setup`");
     };
     if !bin.join("bpf-linker").is_file() {

@@ -9,7 +9,7 @@ use std::{
     collections::BTreeSet,
     ffi::OsStr,
     io::{BufRead, BufReader, Read},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
     thread,
@@ -42,6 +42,53 @@ pub fn linger_bin() -> PathBuf {
 
 pub fn linger() -> Command {
     Command::new(linger_bin())
+}
+
+/// A fresh folder `linger-NAME-PID` under the system's temporary one (what an earlier run left
+/// under that name removed first), removed with all it holds when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("linger-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        Self(dir)
+    }
+
+    /// [`TempDir::new`], that only its owner may enter (mode 0700).
+    pub fn private(name: &str) -> Self {
+        let dir = Self::new(name);
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap_or_else(|e| panic!("chmod 0700 {}: {e}", dir.path().display()));
+        dir
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A path inside it.
+    pub fn join(&self, path: impl AsRef<Path>) -> PathBuf {
+        self.0.join(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A stand-in GPU device: `dir/gpu0`, a char device node for /dev/full (1:7), which tests
+/// declare with `--gpu-device`. Needs root.
+pub fn stand_in_device(dir: &Path) -> PathBuf {
+    let node = dir.join("gpu0");
+    bench::stand_in_device(&node).unwrap_or_else(|e| panic!("stand-in device: {e:#}"));
+    node
 }
 
 /// Tests that load eBPF programs need root; say so plainly instead of failing further on.
@@ -243,6 +290,19 @@ impl Live {
             serde_json::from_str(&line)
                 .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}")),
         )
+    }
+
+    /// The records linger prints until one of `record_type` about `pid` (its `target`), and
+    /// that one; fails if linger ends first.
+    pub fn until(&mut self, record_type: &str, pid: u32) -> (Value, Vec<Value>) {
+        let mut seen = Vec::new();
+        while let Some(record) = self.next_record() {
+            if record["type"] == record_type && record["target"]["pid"] == pid {
+                return (record, seen);
+            }
+            seen.push(record);
+        }
+        panic!("no {record_type} for pid {pid}: linger live ended");
     }
 
     /// Waits for linger to stop (on its own, or after a signal the test sent) and returns

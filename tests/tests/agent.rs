@@ -8,48 +8,20 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc::channel,
     thread,
     time::{Duration, Instant},
 };
 
-use linger_tests::FdScenario;
+use linger_tests::{linger, stand_in_device, FdScenario, Guarded, TempDir};
 use nix::{
-    sys::{
-        signal::{kill, Signal},
-        stat::Mode,
-    },
+    sys::signal::{kill, Signal},
     unistd::Pid,
 };
 use serde_json::Value;
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
-
-fn linger() -> String {
-    std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
-}
-
-/// A fresh directory only root can write to, removed first if an earlier run left it.
-fn private_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("linger-agent-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("temp dir");
-    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
-    dir
-}
-
-fn stand_in_device(dir: &Path) -> PathBuf {
-    let node = dir.join("gpu0");
-    nix::sys::stat::mknod(
-        &node,
-        nix::sys::stat::SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o600),
-        nix::sys::stat::makedev(1, 7),
-    )
-    .expect("mknod needs root");
-    node
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -66,18 +38,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `linger agent` on the stand-in device, once it says it traces.
-fn agent(device: &Path, port: u16, extra: &[&str]) -> Killed {
-    let mut child = Command::new(linger())
+fn agent(device: &Path, port: u16, extra: &[&str]) -> Guarded {
+    let mut child = linger()
         .args(["agent", "--no-nvml", "--linger-after", "2s", "--gpu-device"])
         .arg(device)
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
@@ -98,7 +61,7 @@ fn agent(device: &Path, port: u16, extra: &[&str]) -> Killed {
     });
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the agent attached");
-    Killed(child)
+    Guarded(child)
 }
 
 /// A scenario process on the stand-in device and the pids on its `ready` line.
@@ -167,8 +130,8 @@ fn value(sample: &Value) -> f64 {
 #[test]
 fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     let _serial = serial();
-    let dir = private_dir("prometheus");
-    let device = stand_in_device(&dir);
+    let dir = TempDir::private("agent-prometheus");
+    let device = stand_in_device(dir.path());
     let (agent_port, prom_port) = (free_port(), free_port());
     let state = dir.join("state");
     fs::create_dir(&state).expect("state dir");
@@ -186,7 +149,7 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
         ),
     )
     .expect("prometheus.yml");
-    let _prometheus = Killed(
+    let _prometheus = Guarded(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -268,14 +231,13 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     assert_eq!(of_parent[0]["settled"], false);
     let last = of_parent.last().expect("records of the parent");
     assert_eq!(last["settled"], true, "{last}");
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn metrics_endpoint_answers_only_what_it_serves() {
     let _serial = serial();
-    let dir = private_dir("http");
-    let device = stand_in_device(&dir);
+    let dir = TempDir::private("agent-http");
+    let device = stand_in_device(dir.path());
     let port = free_port();
     let _agent = agent(&device, port, &[]);
     let (status, body) = get(port, "/healthz").expect("healthz");
@@ -295,7 +257,6 @@ fn metrics_endpoint_answers_only_what_it_serves() {
     let _silent = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let (status, _) = get(port, "/healthz").expect("healthz while another waits");
     assert!(status.contains("200"), "{status}");
-    let _ = fs::remove_dir_all(&dir);
 }
 
 /// Waits until `path` holds `n` lines.
@@ -320,8 +281,8 @@ fn kill_one(device: &Path) -> u32 {
 #[test]
 fn the_incident_log_rotates_and_reopens_on_sighup() {
     let _serial = serial();
-    let dir = private_dir("log");
-    let device = stand_in_device(&dir);
+    let dir = TempDir::private("agent-log");
+    let device = stand_in_device(dir.path());
     let state = dir.join("state");
     fs::create_dir(&state).expect("state dir");
     let agent = agent(
@@ -366,14 +327,13 @@ fn the_incident_log_rotates_and_reopens_on_sighup() {
         .expect("moved log")
         .contains(&format!("\"pid\":{pid},")));
     drop(agent);
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_full_disk_is_counted_and_the_agent_carries_on() {
     let _serial = serial();
-    let dir = private_dir("full");
-    let device = stand_in_device(&dir);
+    let dir = TempDir::private("agent-full");
+    let device = stand_in_device(dir.path());
     let state = dir.join("state");
     fs::create_dir(&state).expect("state dir");
     // A 64 KiB tmpfs: the log fills it.
@@ -433,8 +393,8 @@ fn a_full_disk_is_counted_and_the_agent_carries_on() {
 #[test]
 fn a_held_incident_gets_a_flight_file_that_replays_to_it() {
     let _serial = serial();
-    let dir = private_dir("flight");
-    let device = stand_in_device(&dir);
+    let dir = TempDir::private("agent-flight");
+    let device = stand_in_device(dir.path());
     let state = dir.join("state");
     fs::create_dir(&state).expect("state dir");
     fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
@@ -487,7 +447,7 @@ fn a_held_incident_gets_a_flight_file_that_replays_to_it() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("segment-"))
         .count();
     assert!(segments >= 2, "the window spans segments: {segments}");
-    let out = Command::new(linger())
+    let out = linger()
         .args(["replay", "--json"])
         .arg(&file)
         .output()

@@ -6,7 +6,7 @@ use std::{
     process::{Command, Output},
 };
 
-use linger_tests::{linger, require_root};
+use linger_tests::{linger, require_root, TempDir};
 
 fn assert_refused(out: &Output, mentions: &[&str], what: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -95,8 +95,7 @@ fn wait_without_nvml_says_it_cannot_tell_with_its_own_exit_code() {
 
 #[test]
 fn a_config_file_error_names_the_key_before_anything_is_loaded() {
-    let dir = std::env::temp_dir().join(format!("linger-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = TempDir::new("cfg");
     let file = dir.join("bad.toml");
     std::fs::write(&file, "metrics_port = 9477\n").expect("config");
     let out = linger()
@@ -104,7 +103,6 @@ fn a_config_file_error_names_the_key_before_anything_is_loaded() {
         .arg(&file)
         .output()
         .expect("running linger");
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("metrics_port"),

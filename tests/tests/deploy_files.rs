@@ -4,6 +4,8 @@
 
 use std::{path::PathBuf, process::Command};
 
+use linger_tests::{linger_bin, TempDir};
+
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
@@ -53,14 +55,14 @@ fn every_dashboard_query_parses() {
             serde_json::to_string(&e).expect("a JSON string is a YAML string")
         ));
     }
-    let file = std::env::temp_dir().join(format!("linger-dashboard-{}.yaml", std::process::id()));
+    let dir = TempDir::new("dashboard");
+    let file = dir.join("rules.yaml");
     std::fs::write(&file, rules).expect("rules file");
     let out = Command::new("promtool")
         .args(["check", "rules"])
         .arg(&file)
         .output()
         .expect("promtool");
-    let _ = std::fs::remove_file(&file);
     assert!(
         out.status.success(),
         "{}{}",
@@ -74,17 +76,16 @@ fn the_systemd_unit_verifies() {
     let unit =
         std::fs::read_to_string(deploy().join("systemd/linger-agent.service")).expect("unit file");
     // Pointed at the linger built for the tests, since none is installed here.
-    let bin = std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`");
-    let dir = std::env::temp_dir().join(format!("linger-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bin = linger_bin();
+    let bin = bin.to_str().expect("LINGER_BIN is UTF-8");
+    let dir = TempDir::new("unit");
     let path = dir.join("linger-agent.service");
-    std::fs::write(&path, unit.replace("/usr/local/bin/linger", &bin)).expect("unit copy");
+    std::fs::write(&path, unit.replace("/usr/local/bin/linger", bin)).expect("unit copy");
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&path)
         .output()
         .expect("systemd-analyze");
-    let _ = std::fs::remove_dir_all(&dir);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

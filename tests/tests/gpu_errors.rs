@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use linger_tests::{require_root, text, Live};
+use linger_tests::{linger, require_root, text, Live, TempDir};
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
@@ -35,7 +35,8 @@ fn log_xid(line: &str) {
 #[test]
 fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
     require_root();
-    let trace = std::env::temp_dir().join(format!("linger-xid-{}.trace", std::process::id()));
+    let dir = TempDir::new("xid");
+    let trace = dir.join("run.trace");
     let live = Live::start([
         "--json",
         "--no-nvml",
@@ -94,7 +95,7 @@ fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
     assert!(own[0]["node"]["host"].is_string() && own[0]["wall_time"].is_string());
 
     // The recording replays to the same records.
-    let replay = Command::new(linger_tests::linger_bin())
+    let replay = linger()
         .args(["replay", "--json"])
         .arg(&trace)
         .output()
@@ -125,5 +126,4 @@ fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
         .map(|r| r["gpu_errors"].clone())
         .collect();
     assert_eq!(replay_errors, live_errors);
-    let _ = std::fs::remove_file(&trace);
 }

@@ -3,118 +3,36 @@
 //! the tests then SIGKILL.
 
 use std::{
-    io::{BufRead, BufReader},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc::{channel, Receiver},
+    ffi::OsStr,
+    path::Path,
     thread,
     time::{Duration, Instant},
 };
 
-use linger_tests::FdScenario;
-use nix::{
-    sys::{signal::Signal, stat::Mode},
-    unistd::Pid,
-};
+use linger_tests::{linger, stand_in_device, FdScenario, Live, TempDir};
+use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
 
-fn linger() -> String {
-    std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
-}
-
-/// A char device node for /dev/full (1:7) in a fresh directory.
-fn stand_in_device(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("linger-gpu-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let node = dir.join("gpu0");
-    nix::sys::stat::mknod(
-        &node,
-        nix::sys::stat::SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o600),
-        nix::sys::stat::makedev(1, 7),
+/// `linger live --json --events` on the stand-in device.
+fn live_on(device: &Path, extra: &[&str]) -> Live {
+    let args = [
+        "--json",
+        "--events",
+        "--no-nvml",
+        "--duration",
+        "20s",
+        "--linger-after",
+        "5s",
+        "--gpu-device",
+    ];
+    Live::start(
+        args.iter()
+            .map(OsStr::new)
+            .chain([device.as_os_str()])
+            .chain(extra.iter().map(OsStr::new)),
     )
-    .expect("mknod needs root");
-    node
-}
-
-/// `linger live --json --events` on the stand-in device, its stdout lines on a channel.
-struct Live {
-    child: Child,
-    lines: Receiver<Value>,
-}
-
-impl Live {
-    fn start(device: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(linger())
-            .args([
-                "live",
-                "--json",
-                "--events",
-                "--no-nvml",
-                "--duration",
-                "20s",
-            ])
-            .args(["--linger-after", "5s", "--gpu-device"])
-            .arg(device)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start linger");
-        let stderr = child.stderr.take().expect("stderr");
-        let (ready_tx, ready_rx) = channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("tracing") {
-                    let _ = ready_tx.send(());
-                }
-            }
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("linger attached");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Everything printed until the incident of `pid` appears (events included).
-    fn until_incident(&self, pid: u32) -> (Value, Vec<Value>) {
-        self.until("incident", pid)
-    }
-
-    /// Everything printed until a record of `record_type` about `pid` appears.
-    fn until(&self, record_type: &str, pid: u32) -> (Value, Vec<Value>) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let mut seen = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let Ok(v) = self.lines.recv_timeout(left) else {
-                break;
-            };
-            if v["type"] == record_type && v["target"]["pid"] == pid {
-                return (v, seen);
-            }
-            seen.push(v);
-        }
-        panic!("no {record_type} for pid {pid}");
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A scenario on the stand-in device.
@@ -160,12 +78,13 @@ fn held_fds(incident: &Value) -> Vec<i64> {
 
 #[test]
 fn open_dup_and_close_are_followed_to_the_exit() {
-    let device = stand_in_device("dup");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-dup");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "dup-close");
     let pid = s.pids[0];
     s.kill();
-    let (incident, events) = live.until_incident(pid);
+    let (incident, events) = live.until("incident", pid);
     let ops = fd_events(&events, pid);
     let opened: Vec<_> = ops.iter().filter(|(op, ..)| op == "open").collect();
     assert_eq!(opened.len(), 1, "one open: {ops:?}");
@@ -204,14 +123,15 @@ fn open_dup_and_close_are_followed_to_the_exit() {
 
 #[test]
 fn a_forked_child_keeps_the_file_until_it_dies() {
-    let device = stand_in_device("fork");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-fork");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "fork-holder");
     let (parent, child) = (s.pids[0], s.pids[1]);
     s.kill();
     // The parent is dead; its file lives on in the child, and linger says so at once: the
     // incident comes while the child still holds it.
-    let (incident, mut events) = live.until_incident(parent);
+    let (incident, mut events) = live.until("incident", parent);
     let mine: Vec<&Value> = events
         .iter()
         .filter(|v| {
@@ -258,7 +178,7 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
     assert_eq!(update["holders"][0]["t_released_ns"].as_u64(), Some(back));
     // The child's own death shows the same open file, now with nobody else holding it.
     let child_exit = fd_events(&events, child);
-    let incident_child = earlier.unwrap_or_else(|| live.until_incident(child).0);
+    let incident_child = earlier.unwrap_or_else(|| live.until("incident", child).0);
     assert!(t_child_kill.elapsed() < Duration::from_secs(15));
     assert_eq!(incident_child["holders"].as_array().map(Vec::len), Some(0));
     let parent_file = incident["gpu"]["files"][0]["file"].clone();
@@ -272,12 +192,13 @@ fn a_forked_child_keeps_the_file_until_it_dies() {
 /// say someone holds it, and the walk of the processes holding GPU files names who.
 #[test]
 fn a_process_that_received_the_file_over_a_socket_is_found() {
-    let device = stand_in_device("sent");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-sent");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "send-fd");
     let (sender, receiver) = (s.pids[0], s.pids[1]);
     s.kill();
-    let (first, _) = live.until_incident(sender);
+    let (first, _) = live.until("incident", sender);
     assert_eq!(first["verdict"]["kind"], "shared_fd", "{first}");
     assert!(first["gpu"]["t_memory_back_ns"].is_null(), "{first}");
     // The receiver's one descriptor: one reference the sender's table does not account for,
@@ -306,14 +227,15 @@ fn a_process_that_received_the_file_over_a_socket_is_found() {
 
 #[test]
 fn a_child_sharing_the_descriptor_table_is_a_holder() {
-    let device = stand_in_device("shared");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-shared");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "shared-table");
     let (parent, child) = (s.pids[0], s.pids[1]);
     s.kill();
     thread::sleep(Duration::from_millis(200));
     kill(child);
-    let (incident, _) = live.until_incident(parent);
+    let (incident, _) = live.until("incident", parent);
     let holders = incident["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 1, "{incident}");
     assert_eq!(holders[0]["pid"], child);
@@ -322,12 +244,13 @@ fn a_child_sharing_the_descriptor_table_is_a_holder() {
 
 #[test]
 fn exec_keeps_only_descriptors_without_close_on_exec() {
-    let device = stand_in_device("exec");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-exec");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "exec");
     let pid = s.pids[0];
     s.kill();
-    let (incident, events) = live.until_incident(pid);
+    let (incident, events) = live.until("incident", pid);
     let ops = fd_events(&events, pid);
     let opened: Vec<i64> = ops
         .iter()
@@ -350,12 +273,13 @@ fn exec_keeps_only_descriptors_without_close_on_exec() {
 
 #[test]
 fn a_process_that_closed_its_file_holds_nothing_when_killed() {
-    let device = stand_in_device("close");
-    let live = Live::start(&device, &[]);
+    let dir = TempDir::new("gpu-close");
+    let device = stand_in_device(dir.path());
+    let mut live = live_on(&device, &[]);
     let mut s = Scenario::start(&device, "close");
     let pid = s.pids[0];
     s.kill();
-    let (incident, events) = live.until_incident(pid);
+    let (incident, events) = live.until("incident", pid);
     let ops: Vec<String> = fd_events(&events, pid).into_iter().map(|o| o.0).collect();
     assert_eq!(ops, ["open", "close"]);
     assert!(incident["gpu"].is_null(), "{incident}");
@@ -363,12 +287,13 @@ fn a_process_that_closed_its_file_holds_nothing_when_killed() {
 
 #[test]
 fn a_holder_from_before_tracing_began_is_known() {
-    let device = stand_in_device("before");
+    let dir = TempDir::new("gpu-before");
+    let device = stand_in_device(dir.path());
     let mut s = Scenario::start(&device, "held-before");
     let pid = s.pids[0];
-    let live = Live::start(&device, &[]);
+    let mut live = live_on(&device, &[]);
     s.kill();
-    let (incident, events) = live.until_incident(pid);
+    let (incident, events) = live.until("incident", pid);
     let snapshot = events.iter().any(|v| {
         let d = &v["event"]["data"];
         d["kind"] == "snapshot_fd" && d["holder"] == pid
@@ -387,9 +312,10 @@ fn a_holder_from_before_tracing_began_is_known() {
 
 #[test]
 fn holders_command_shows_processes_sharing_an_open_file() {
-    let device = stand_in_device("holders");
+    let dir = TempDir::new("gpu-holders");
+    let device = stand_in_device(dir.path());
     let s = Scenario::start(&device, "fork-holder");
-    let out = Command::new(linger())
+    let out = linger()
         .args(["holders", "--json", "--gpu-device"])
         .arg(&device)
         .output()
@@ -418,12 +344,13 @@ fn holders_command_shows_processes_sharing_an_open_file() {
 /// and the exit walk, and a holder's death still names the process that keeps its file.
 #[test]
 fn lean_mode_attaches_no_syscall_hook_and_still_names_the_holder() {
-    let device = stand_in_device("lean");
+    let dir = TempDir::new("gpu-lean");
+    let device = stand_in_device(dir.path());
     let mut s = Scenario::start(&device, "fork-holder");
     let (parent, child) = (s.pids[0], s.pids[1]);
-    let live = Live::start(&device, &["--lean"]);
+    let mut live = live_on(&device, &["--lean"]);
     s.kill();
-    let (incident, events) = live.until_incident(parent);
+    let (incident, events) = live.until("incident", parent);
     let strategy = events
         .iter()
         .map(|v| &v["event"]["data"])

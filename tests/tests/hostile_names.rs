@@ -6,17 +6,14 @@ use std::{
     ffi::OsStr,
     io::Read,
     os::unix::ffi::OsStrExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Output, Stdio},
 };
 
-use linger_tests::{linger, require_root, Guarded, Lines, READY};
+use linger_tests::{linger, require_root, stand_in_device, Guarded, Lines, TempDir, READY};
 use nix::{
     fcntl::{open, OFlag},
-    sys::{
-        signal::Signal,
-        stat::{makedev, mknod, Mode, SFlag},
-    },
+    sys::{signal::Signal, stat::Mode},
 };
 use serde_json::Value;
 
@@ -28,14 +25,6 @@ const SHOWN: &str = r"\x1b]0;pwn\x07\x1b[2J\xff\u{9b}";
 /// The name as text in JSON: the controls are in the string (as JSON escapes in the
 /// output), the invalid byte is the text `\xff`.
 const AS_TEXT: &str = "\x1b]0;pwn\x07\x1b[2J\\xff\u{9b}";
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Fails on any byte a terminal would obey: C0 controls but newline (and tab where a format
 /// has them), DEL, C1 controls, or bytes that are not UTF-8.
@@ -97,18 +86,9 @@ fn hostile_holder(device: &Path) -> (Guarded, u32) {
 #[test]
 fn hostile_names_reach_no_output_raw() {
     require_root();
-    let dir = Scratch(std::env::temp_dir().join(format!("linger-hostile-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).expect("scratch dir");
-    let device = dir.0.join("gpu0");
-    mknod(
-        &device,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o600),
-        makedev(1, 7),
-    )
-    .expect("mknod needs root");
-    let trace = dir.0.join("hostile.lgr");
+    let dir = TempDir::new("hostile");
+    let device = stand_in_device(dir.path());
+    let trace = dir.join("hostile.lgr");
     let (mut target, pid) = hostile_holder(&device);
 
     // holders: the table and its JSON.

@@ -10,45 +10,28 @@ use std::{
     process::Output,
 };
 
-use linger_tests::{linger, require_root};
+use linger_tests::{linger, require_root, TempDir};
 use nix::unistd::{Gid, Uid};
 use tracer_user::output::{check_state_dir, StateDirError};
 
 const NOBODY: u32 = 65534;
 
-/// A fresh directory under the system's temporary one, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("linger-out-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).expect("scratch dir");
-        Self(dir)
-    }
-
-    /// A file with `text`, mode 0644, as a job's checkpoint would be.
-    fn precious(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        fs::write(&path, text).expect("writing a file");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
-        path
-    }
-
-    fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(&self.0)
-            .expect("scratch dir")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
+/// A file in `dir` with `text`, mode 0644, as a job's checkpoint would be.
+fn precious(dir: &TempDir, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, text).expect("writing a file");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
+    path
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+/// The names in `dir`, sorted.
+fn names(dir: &TempDir) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir.path())
+        .expect("scratch dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// `linger ARGS` run inside `dir`, as an operator in a shared directory would.
@@ -86,17 +69,17 @@ fn is_trace(path: &Path) -> bool {
 #[test]
 fn a_planted_symlink_is_never_followed() {
     require_root();
-    let dir = Scratch::new("symlink");
-    let victim = dir.precious("target.txt", "checkpoint");
-    symlink("target.txt", dir.0.join("evil.lgr")).expect("planting the link");
-    symlink("/nonexistent/new-file", dir.0.join("dangling.lgr")).expect("planting the link");
+    let dir = TempDir::new("out-symlink");
+    let victim = precious(&dir, "target.txt", "checkpoint");
+    symlink("target.txt", dir.join("evil.lgr")).expect("planting the link");
+    symlink("/nonexistent/new-file", dir.join("dangling.lgr")).expect("planting the link");
     for args in [
         &["record", "-o", "evil.lgr", "--duration", "200ms"][..],
         &["record", "-o", "evil.lgr", "--duration", "200ms", "--force"],
         &["live", "--record", "evil.lgr", "--duration", "200ms"],
         &["record", "-o", "dangling.lgr", "--duration", "200ms"],
     ] {
-        let out = linger_in(&dir.0, args);
+        let out = linger_in(dir.path(), args);
         assert_refused(
             &out,
             &format!("{} is a symbolic link", args[2]),
@@ -104,23 +87,23 @@ fn a_planted_symlink_is_never_followed() {
         );
         assert_untouched(&victim, "checkpoint");
     }
-    assert_eq!(dir.names(), ["dangling.lgr", "evil.lgr", "target.txt"]);
+    assert_eq!(names(&dir), ["dangling.lgr", "evil.lgr", "target.txt"]);
 }
 
 #[test]
 fn an_existing_file_is_replaced_only_with_force_and_only_whole() {
     require_root();
-    let dir = Scratch::new("exists");
-    let old = dir.precious("run.lgr", "yesterday's trace");
+    let dir = TempDir::new("out-exists");
+    let old = precious(&dir, "run.lgr", "yesterday's trace");
     // A second name for the old file: what linger does to that file shows through it.
-    let keep = dir.0.join("keep");
+    let keep = dir.join("keep");
     fs::hard_link(&old, &keep).expect("hard link");
     let record = ["record", "-o", "run.lgr", "--duration", "200ms"];
-    let out = linger_in(&dir.0, &record);
+    let out = linger_in(dir.path(), &record);
     assert_refused(&out, "run.lgr exists: pass --force to replace it", "record");
     assert_untouched(&old, "yesterday's trace");
 
-    let out = linger_in(&dir.0, &[&record[..], &["--force"]].concat());
+    let out = linger_in(dir.path(), &[&record[..], &["--force"]].concat());
     assert!(
         out.status.success(),
         "{}",
@@ -135,7 +118,7 @@ fn an_existing_file_is_replaced_only_with_force_and_only_whole() {
         "a new file"
     );
     assert_untouched(&keep, "yesterday's trace");
-    assert_eq!(dir.names(), ["keep", "run.lgr"], "no temporary file left");
+    assert_eq!(names(&dir), ["keep", "run.lgr"], "no temporary file left");
 
     // Exports follow the same rules, and replace only once complete.
     let export = |extra: &[&str]| {
@@ -144,9 +127,9 @@ fn an_existing_file_is_replaced_only_with_force_and_only_whole() {
             extra,
         ]
         .concat();
-        linger_in(&dir.0, &args)
+        linger_in(dir.path(), &args)
     };
-    let previous = dir.precious("out.txt", "last export");
+    let previous = precious(&dir, "out.txt", "last export");
     assert_refused(&export(&[]), "out.txt exists: pass --force", "export");
     assert_untouched(&previous, "last export");
     let out = export(&["--force"]);
@@ -157,24 +140,24 @@ fn an_existing_file_is_replaced_only_with_force_and_only_whole() {
     );
     let meta = fs::metadata(&previous).expect("out.txt");
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    symlink("keep", dir.0.join("link.txt")).expect("planting a link");
+    symlink("keep", dir.join("link.txt")).expect("planting a link");
     let args = [
         "export", "run.lgr", "--format", "svg", "-o", "link.txt", "--force",
     ];
     assert_refused(
-        &linger_in(&dir.0, &args),
+        &linger_in(dir.path(), &args),
         "link.txt is a symbolic link",
         "export",
     );
     assert_untouched(&keep, "yesterday's trace");
-    assert_eq!(dir.names(), ["keep", "link.txt", "out.txt", "run.lgr"]);
+    assert_eq!(names(&dir), ["keep", "link.txt", "out.txt", "run.lgr"]);
 }
 
 #[test]
 fn force_replaces_only_linger_s_own_regular_files() {
     require_root();
-    let dir = Scratch::new("owner");
-    let theirs = dir.precious("theirs.lgr", "another user's trace");
+    let dir = TempDir::new("out-owner");
+    let theirs = precious(&dir, "theirs.lgr", "another user's trace");
     chown(&theirs, NOBODY);
     let args = [
         "record",
@@ -185,15 +168,15 @@ fn force_replaces_only_linger_s_own_regular_files() {
         "--force",
     ];
     assert_refused(
-        &linger_in(&dir.0, &args),
+        &linger_in(dir.path(), &args),
         "theirs.lgr belongs to uid 65534 and linger runs as uid 0",
         "another user's file",
     );
     assert_untouched(&theirs, "another user's trace");
-    fs::create_dir(dir.0.join("sub")).expect("mkdir");
+    fs::create_dir(dir.join("sub")).expect("mkdir");
     let args = ["record", "-o", "sub", "--duration", "200ms", "--force"];
     assert_refused(
-        &linger_in(&dir.0, &args),
+        &linger_in(dir.path(), &args),
         "sub is a directory",
         "a directory",
     );
@@ -202,9 +185,9 @@ fn force_replaces_only_linger_s_own_regular_files() {
 #[test]
 fn hostile_state_directories_are_refused_with_the_reason() {
     require_root();
-    let dir = Scratch::new("state");
+    let dir = TempDir::new("out-state");
     let mkdir = |name: &str, mode: u32, owner: u32| {
-        let path = dir.0.join(name);
+        let path = dir.join(name);
         fs::create_dir(&path).expect("mkdir");
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).expect("chmod");
         chown(&path, owner);
@@ -237,8 +220,8 @@ fn hostile_state_directories_are_refused_with_the_reason() {
         "{err}"
     );
 
-    let link = dir.0.join("link");
-    symlink(dir.0.join("good"), &link).expect("symlink");
+    let link = dir.join("link");
+    symlink(dir.join("good"), &link).expect("symlink");
     let err = check_state_dir(&link).expect_err("a link");
     assert!(err.to_string().contains("is a symbolic link"), "{err}");
 }

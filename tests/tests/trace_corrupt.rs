@@ -5,7 +5,8 @@ mod trace_support;
 
 use std::{collections::HashSet, path::Path, process::Output};
 
-use trace_support::{incidents, record, run, Recording, TempDir};
+use linger_tests::TempDir;
+use trace_support::{incidents, record, run, Recording};
 
 /// A small deterministic generator, so a failure can be replayed.
 struct Lcg(u64);
@@ -70,7 +71,7 @@ fn truncated_and_flipped_traces_recover() {
     let live = live_lines(&rec);
     let bytes = std::fs::read(&rec.trace).expect("the trace");
     let dir = TempDir::new("corrupt-cases");
-    let file = dir.0.join("case.lgr");
+    let file = dir.join("case.lgr");
     let mut rng = Lcg(0x5eed);
     assert!(chunks(&bytes).len() >= 3, "a 3.5 s recording spans chunks");
 
@@ -113,7 +114,7 @@ fn reading_resumes_at_the_next_good_chunk() {
     let first = chunks(&bytes)[0];
     bytes[first + 48 + 5] ^= 0xff;
     let dir = TempDir::new("resume-case");
-    let file = dir.0.join("case.lgr");
+    let file = dir.join("case.lgr");
     std::fs::write(&file, &bytes).expect("writing the case");
     let out = replay(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -155,7 +156,7 @@ fn unusable_files_exit_1_with_a_reason() {
         ("header", bytes[..20].to_vec(), "inside its header"),
     ];
     for (name, content, reason) in cases {
-        let file = dir.0.join(name);
+        let file = dir.join(name);
         std::fs::write(&file, content).expect("writing the case");
         for cmd in [
             &["replay", "--json"][..],
@@ -168,6 +169,6 @@ fn unusable_files_exit_1_with_a_reason() {
             assert!(out.stdout.is_empty(), "{name}");
         }
     }
-    let missing = run(&["replay"], &dir.0.join("no-such-file"));
+    let missing = run(&["replay"], &dir.join("no-such-file"));
     assert_eq!(missing.status.code(), Some(1));
 }

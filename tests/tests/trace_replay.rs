@@ -3,15 +3,11 @@
 
 mod trace_support;
 
-use std::{
-    io::BufReader,
-    os::unix::fs::PermissionsExt,
-    process::{Command, Stdio},
-};
+use std::{io::BufReader, os::unix::fs::PermissionsExt, process::Stdio};
 
-use linger_tests::{linger_bin, Target};
+use linger_tests::{linger, linger_bin, Target, TempDir};
 use nix::sys::signal::Signal;
-use trace_support::{incident_pids, record, run, wait_for_line, TempDir};
+use trace_support::{incident_pids, record, run, wait_for_line};
 
 fn replays_identically(extra: &[&str]) {
     let rec = record(&format!("replay{}", extra.join("")), extra);
@@ -62,8 +58,8 @@ fn redact_cmdline_drops_arguments() {
     let mut bystander = Target::start(3, "default");
     let marker = "--threads";
     for redact in [false, true] {
-        let file = dir.0.join(format!("redact-{redact}.lgr"));
-        let mut cmd = Command::new(linger_bin());
+        let file = dir.join(format!("redact-{redact}.lgr"));
+        let mut cmd = linger();
         cmd.args(["record", "--duration", "300ms", "--uncompressed", "-o"])
             .arg(&file);
         if redact {

@@ -8,8 +8,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use linger_tests::{num, Live};
-use nix::sys::stat::Mode;
+use linger_tests::{num, stand_in_device, Live, TempDir};
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
 const UID: &str = "3f1c2b9a-7d4e-4a21-9c3b-5e6f7a8b9c0d";
@@ -38,8 +37,7 @@ impl Drop for Cgroup {
 
 #[test]
 fn a_holder_in_a_kubepods_cgroup_is_named_by_pod_namespace_and_container() {
-    let tmp = std::env::temp_dir().join(format!("linger-workload-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
+    let tmp = TempDir::new("workload");
     // The kubelet's layout: pods/<namespace>_<pod>_<uid>/<container>/ and
     // containers/<pod>_<namespace>_<container>-<id>.log.
     let logs = tmp.join("logs");
@@ -53,14 +51,7 @@ fn a_holder_in_a_kubepods_cgroup_is_named_by_pod_namespace_and_container() {
         "",
     )
     .expect("container log");
-    let device = tmp.join("gpu0");
-    nix::sys::stat::mknod(
-        &device,
-        nix::sys::stat::SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o600),
-        nix::sys::stat::makedev(1, 7),
-    )
-    .expect("mknod needs root");
+    let device = stand_in_device(tmp.path());
 
     // The cgroupfs driver's layout: kubepods/burstable/pod<uid>/<container id>.
     let cgroup = Cgroup(
@@ -122,5 +113,4 @@ fn a_holder_in_a_kubepods_cgroup_is_named_by_pod_namespace_and_container() {
     assert_eq!(w["container"], "worker", "{inc}");
     assert_eq!(w["container_id"], CID, "{inc}");
     drop(cgroup);
-    let _ = fs::remove_dir_all(&tmp);
 }

@@ -218,9 +218,13 @@ pub fn run(args: Args) -> Result<()> {
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     build::linger()?;
     let mut cargo = build::cargo()?;
-    cargo
-        .current_dir(&root)
-        .args(["build", "--release", "--package", "linger-tests"]);
+    cargo.current_dir(&root).args([
+        "build",
+        "--locked",
+        "--release",
+        "--package",
+        "linger-tests",
+    ]);
     for bin in BINARIES {
         cargo.args(["--bin", bin]);
     }

@@ -6,7 +6,8 @@ use anyhow::Result;
 
 use crate::setup;
 
-/// A `cargo` command with bpf-linker first on PATH.
+/// A `cargo` command with bpf-linker first on PATH. xtask's builds and tests through it pass
+/// `--locked`: a stale Cargo.lock fails them instead of being rewritten.
 pub fn cargo() -> Result<Command> {
     let bin = setup::run()?;
     let mut paths = vec![bin];
@@ -27,6 +28,7 @@ pub fn workspace_root() -> PathBuf {
 pub fn linger() -> Result<PathBuf> {
     setup::status(cargo()?.args([
         "build",
+        "--locked",
         "--release",
         "--package",
         "tracer-user",
@@ -40,6 +42,7 @@ pub fn linger() -> Result<PathBuf> {
 pub fn test_bin(name: &str) -> Result<PathBuf> {
     setup::status(cargo()?.args([
         "build",
+        "--locked",
         "--release",
         "--package",
         "linger-tests",

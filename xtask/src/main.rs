@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask <setup|build|run|test|vm|bench>`.
+//! Project tasks: `cargo xtask <setup|build|run|lint|test|vm|bench>`.
 
 mod bench;
 mod budget;
 mod build;
+mod lint;
 mod setup;
 mod test;
 mod vm;
@@ -18,7 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install or check nightly with rust-src and a bpf-linker built against nightly's LLVM.
+    /// Install or check the pinned nightly (tracer-user/ebpf-toolchain.rs) with rust-src and a
+    /// bpf-linker built against its LLVM.
     Setup,
     /// Build the `linger` binary (release).
     Build,
@@ -27,6 +29,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Check formatting (cargo fmt) and lint the host workspace with clippy, warnings as errors.
+    Lint,
     /// Check the tracked tree's size budget, then run every test: unit tests and the
     /// integration tests that load real programs (as root).
     Test {
@@ -53,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         Command::Setup => setup::run().map(|_| ()),
         Command::Build => build::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
+        Command::Lint => lint::run(),
         Command::Test { args } => {
             budget::check()?;
             test::run(&args)

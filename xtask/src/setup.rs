@@ -1,6 +1,7 @@
-//! The eBPF toolchain: nightly with rust-src, and bpf-linker 0.13 linked against nightly's own
-//! libLLVM (no LLVM package of the right version exists here). Idempotent: a stamp file records
-//! what was built, so a second run only checks.
+//! The eBPF toolchain: the pinned nightly (tracer-user/ebpf-toolchain.rs) with rust-src, and
+//! bpf-linker 0.13 linked against that nightly's own libLLVM (no LLVM package of the right version
+//! exists here), in a folder of its own per pinned nightly. Idempotent: a stamp file records what
+//! was built, so a second run only checks.
 
 use std::{
     env, fs,
@@ -10,8 +11,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+// EBPF_TOOLCHAIN, the pinned nightly, shared with tracer-user's build.rs.
+include!("../../tracer-user/ebpf-toolchain.rs");
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// The LLVM major bpf-linker is built for; nightly's must match.
+/// The LLVM major bpf-linker is built for; the pinned nightly's must match.
 const LLVM_MAJOR: &str = "22";
 
 /// Where the toolchain pieces live: `$LINGER_TOOLCHAIN_DIR`, else `~/.cache/linger`.
@@ -23,23 +27,31 @@ pub fn toolchain_dir() -> Result<PathBuf> {
     Ok(Path::new(&home).join(".cache/linger"))
 }
 
+/// What is built for the pinned nightly: `bpf-linker/` and `rust-llvm/` (tracer-user's build.rs
+/// looks there too). A folder per nightly: checkouts pinned to different ones do not rebuild
+/// each other's bpf-linker.
+fn pinned_dir() -> Result<PathBuf> {
+    Ok(toolchain_dir()?.join(EBPF_TOOLCHAIN))
+}
+
 /// The folder holding `bpf-linker`, to put first on PATH.
 pub fn bpf_linker_bin() -> Result<PathBuf> {
-    Ok(toolchain_dir()?.join("bpf-linker/bin"))
+    Ok(pinned_dir()?.join("bpf-linker/bin"))
 }
 
 /// Ensures everything is in place; returns the bpf-linker folder.
 pub fn run() -> Result<PathBuf> {
     if which("rustup").is_none() {
         bail!(
-            "rustup not found on PATH: linger builds its eBPF programs with rustup's nightly \
-             toolchain; install rustup (https://rustup.rs) and run `cargo xtask setup` again"
+            "rustup not found on PATH: linger builds its eBPF programs with rustup's \
+             {EBPF_TOOLCHAIN} toolchain; install rustup (https://rustup.rs) and run \
+             `cargo xtask setup` again"
         );
     }
     ensure_nightly()?;
     let llvm = nightly_libllvm()?;
     let bin = bpf_linker_bin()?;
-    let stamp_path = toolchain_dir()?.join("bpf-linker/STAMP");
+    let stamp_path = pinned_dir()?.join("bpf-linker/STAMP");
     let want = format!(
         "bpf-linker {BPF_LINKER_VERSION} against {}\n",
         llvm.display()
@@ -54,53 +66,65 @@ pub fn run() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The pinned nightly with rust-src, that date exactly (never whatever `nightly` is today).
 fn ensure_nightly() -> Result<()> {
     let installed = output("rustup", &["toolchain", "list"])?;
-    if !installed.lines().any(|l| l.starts_with("nightly")) {
-        eprintln!("xtask: installing the nightly toolchain");
+    // Listed with the host's triple: nightly-2026-05-20-x86_64-unknown-linux-gnu.
+    let listed = format!("{EBPF_TOOLCHAIN}-");
+    if !installed.lines().any(|l| l.starts_with(&listed)) {
+        eprintln!("xtask: installing the {EBPF_TOOLCHAIN} toolchain with rust-src");
         status(Command::new("rustup").args([
             "toolchain",
             "install",
-            "nightly",
+            EBPF_TOOLCHAIN,
             "--profile",
             "minimal",
+            "--component",
+            "rust-src",
         ]))
-        .context("installing nightly with rustup failed")?;
+        .with_context(|| format!("installing {EBPF_TOOLCHAIN} with rustup failed"))?;
     }
     let components = output(
         "rustup",
-        &["component", "list", "--toolchain", "nightly", "--installed"],
+        &[
+            "component",
+            "list",
+            "--toolchain",
+            EBPF_TOOLCHAIN,
+            "--installed",
+        ],
     )?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
-        eprintln!("xtask: adding rust-src to nightly");
+        eprintln!("xtask: adding rust-src to {EBPF_TOOLCHAIN}");
         status(Command::new("rustup").args([
             "component",
             "add",
             "rust-src",
             "--toolchain",
-            "nightly",
+            EBPF_TOOLCHAIN,
         ]))
-        .context("adding rust-src to nightly failed")?;
+        .with_context(|| format!("adding rust-src to {EBPF_TOOLCHAIN} failed"))?;
     }
     Ok(())
 }
 
-/// Nightly's own libLLVM, after checking its major version.
+/// The pinned nightly's own libLLVM, after checking its major version.
 fn nightly_libllvm() -> Result<PathBuf> {
-    let verbose = output("rustc", &["+nightly", "--version", "--verbose"])?;
+    let toolchain = format!("+{EBPF_TOOLCHAIN}");
+    let verbose = output("rustc", &[&toolchain, "--version", "--verbose"])?;
     let llvm_version = verbose
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version: "))
-        .context("rustc +nightly does not report its LLVM version")?;
+        .with_context(|| format!("rustc {toolchain} does not report its LLVM version"))?;
     let major = llvm_version.split('.').next().unwrap_or_default();
     if major != LLVM_MAJOR {
         bail!(
-            "nightly uses LLVM {llvm_version}, but bpf-linker {BPF_LINKER_VERSION} is built here \
-             with its llvm-{LLVM_MAJOR} feature: install a nightly with LLVM {LLVM_MAJOR} \
-             (e.g. `rustup toolchain install nightly-2026-05-19` and make it `nightly`)"
+            "{EBPF_TOOLCHAIN} uses LLVM {llvm_version}, but bpf-linker {BPF_LINKER_VERSION} is \
+             built here with its llvm-{LLVM_MAJOR} feature: pin a nightly with LLVM \
+             {LLVM_MAJOR} (tracer-user/ebpf-toolchain.rs) or change LLVM_MAJOR with it"
         );
     }
-    let sysroot = output("rustc", &["+nightly", "--print", "sysroot"])?;
+    let sysroot = output("rustc", &[&toolchain, "--print", "sysroot"])?;
     let lib = Path::new(sysroot.trim()).join("lib");
     fs::read_dir(&lib)
         .with_context(|| format!("reading {}", lib.display()))?
@@ -115,7 +139,7 @@ fn nightly_libllvm() -> Result<PathBuf> {
 /// bpf-linker's llvm-sys build looks for `lib/libLLVM.so` under LLVM_PREFIX; a prefix of
 /// symlinks to nightly's library satisfies it, and the binary keeps an rpath into it.
 fn build_bpf_linker(llvm: &Path) -> Result<()> {
-    let dir = toolchain_dir()?;
+    let dir = pinned_dir()?;
     let prefix = dir.join("rust-llvm");
     let lib = prefix.join("lib");
     fs::create_dir_all(&lib)?;

@@ -22,9 +22,16 @@ pub fn run(args: &[String]) -> Result<()> {
     // The Kubernetes manifests' offline schema check, from PyPI.
     crate::setup::pip_install("kubernetes_validate", "kubernetes-validate")?;
     let mut cargo = build::cargo()?;
-    // Every test binary runs even when an earlier one failed: all results are wanted.
+    // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
+    // a Cargo.lock that no longer matches the manifests fails rather than being rewritten.
     cargo
-        .args(["test", "--release", "--workspace", "--no-fail-fast"])
+        .args([
+            "test",
+            "--locked",
+            "--release",
+            "--workspace",
+            "--no-fail-fast",
+        ])
         .args(args)
         .env("LINGER_BIN", bin);
     let counts = cargo_test(&mut cargo);

@@ -7,11 +7,11 @@ use std::{
     ffi::OsString,
     io::BufRead,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Output,
     time::{Duration, Instant},
 };
 
-use linger_tests::{linger_bin, Live, Target};
+use linger_tests::{linger, Live, Target, TempDir};
 use nix::sys::signal::Signal;
 
 /// How long a recording lasts at least: more than three of the writer's 1 s chunks.
@@ -38,7 +38,7 @@ pub struct Recording {
 /// fails the test, at the hang guard.
 pub fn record(name: &str, extra: &[&str]) -> Recording {
     let dir = TempDir::new(name);
-    let trace = dir.0.join("run.lgr");
+    let trace = dir.join("run.lgr");
     let mut args: Vec<OsString> = vec!["--json".into(), "--record".into(), trace.clone().into()];
     args.extend(extra.iter().map(OsString::from));
     let mut live = Live::start(args);
@@ -91,7 +91,7 @@ fn kill(mut target: Target) -> u32 {
 
 /// Runs linger with `args`.
 pub fn run(args: &[&str], file: &Path) -> Output {
-    Command::new(linger_bin())
+    linger()
         .args(args)
         .arg(file)
         .output()
@@ -113,22 +113,4 @@ pub fn incident_pids(json_lines: &str) -> Vec<u32> {
         .iter()
         .filter_map(|v| v["target"]["pid"].as_u64().map(|p| p as u32))
         .collect()
-}
-
-/// A folder removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("linger-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a temp folder");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
