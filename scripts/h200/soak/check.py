@@ -1,0 +1,94 @@
+"""linger's answers in a soak against the soak's own truth (soak.py): for every job killed or
+exited, its incident's verdict, holders and release time, and per minute the agent's CPU per
+kill, its memory, the records lost and the lingering gauge.
+
+usage: check.py DIR      (DIR holds truth.jsonl, metrics.jsonl and state/incidents.jsonl,
+                          or an `incidents` file given with --incidents, e.g. a replay's output)
+"""
+import argparse, json, os, statistics, sys
+
+SLOW_NS = 1_000_000_000
+WITHIN_NS = 5_000_000
+EXPECT = {"kill": "released", "exit": "released", "fork": "shared_fd", "ipc": "imported"}
+
+
+def last_records(path):
+    last = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("type", "").startswith("incident"):
+            last[r["target"]["pid"]] = r
+    return last
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("--incidents")
+    p.add_argument("--show", type=int, default=5, help="wrong answers shown per kind")
+    a = p.parse_args()
+    rows = [json.loads(l) for l in open(os.path.join(a.dir, "truth.jsonl"))]
+    summary = rows.pop()
+    incidents = last_records(a.incidents or os.path.join(a.dir, "state/incidents.jsonl"))
+    jobs = [r for r in rows if "failed" not in r]
+    missing, wrong, errors = [], {}, []
+    for r in jobs:
+        inc = incidents.get(r["pid"])
+        if inc is None:
+            missing.append(r)
+            continue
+        holders = [h["pid"] for h in r["holders"]]
+        t_back = max(r["reaped"][str(p)] or 0 for p in [r["pid"]] + holders)
+        dead = inc.get("t_group_dead_ns") or r.get("t_kill_ns") or t_back
+        want = EXPECT[r["kind"]]
+        allowed = {want}
+        if want == "released" and t_back - dead > SLOW_NS - WITHIN_NS:
+            allowed = {"released", "slow_teardown"} if t_back - dead < SLOW_NS + WITHIN_NS else {"slow_teardown"}
+        verdict = (inc.get("verdict") or {}).get("kind")
+        got_holders = sorted(h["pid"] for h in inc.get("holders", []))
+        back = (inc.get("gpu") or {}).get("t_memory_back_ns")
+        err = None if back is None else back - t_back
+        ok = verdict in allowed and got_holders == sorted(holders) and err is not None and abs(err) <= WITHIN_NS
+        if err is not None:
+            errors.append(err)
+        if not ok:
+            wrong.setdefault((r["kind"], verdict), []).append((r, inc, err))
+    kills = sum(1 for r in jobs if "t_kill_ns" in r)
+    print(f"jobs {len(jobs)} ({kills} killed, {len(rows) - len(jobs)} failed to start), "
+          f"{summary['workers']} workers, rate {summary['rate']}/s, lean {summary['lean']}")
+    print(f"without an incident: {len(missing)}")
+    right = len(jobs) - len(missing) - sum(len(v) for v in wrong.values())
+    print(f"right (verdict, holders, release within {WITHIN_NS / 1e6:.0f} ms): {right} of {len(jobs)}")
+    for (kind, verdict), cases in sorted(wrong.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {kind} said {verdict}: {len(cases)}")
+        for r, inc, err in cases[:a.show]:
+            e = "no release" if err is None else f"{err / 1e6:+.1f} ms"
+            ev = (inc.get("verdict") or {}).get("evidence", [""])[:1]
+            print(f"    pid {r['pid']} {r['gib']} GiB: {e}; {ev}")
+    if errors:
+        abs_ms = sorted(abs(e) / 1e6 for e in errors)
+        print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
+              f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
+    metrics = [json.loads(l) for l in open(os.path.join(a.dir, "metrics.jsonl"))]
+    metrics = [m for m in metrics if "cpu_s" in m]
+    if metrics:
+        print("minute  kills  agent CPU s  CPU per kill ms  RSS MB  lost records  lingering GB")
+        t0 = metrics[0]["t_ns"]
+        minute = {}
+        for m in metrics:
+            minute.setdefault(int((m["t_ns"] - t0) / 60e9), []).append(m)
+        prev = metrics[0]
+        for n, ms in sorted(minute.items()):
+            end = ms[-1]
+            k = end["kills"] - prev["kills"]
+            cpu = end["cpu_s"] - prev["cpu_s"]
+            per = f"{cpu / k * 1e3:.1f}" if k else "-"
+            lost = sum(end.get("lost", {}).values())
+            print(f"{n:6d} {k:6d} {cpu:12.1f} {per:>16} {end['rss'] / 1e6:7.0f}  {lost:12.0f}  "
+                  f"{end.get('lingering', 0) / 1e9:12.2f}")
+            prev = end
+        print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

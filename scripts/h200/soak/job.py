@@ -1,0 +1,114 @@
+"""One GPU job of the soak (soak.py), on the CUDA driver API through ctypes: it starts in about
+a tenth of a second, so a few workers keep a steady churn. It allocates, prints
+`READY {json}` (its pid, bytes, and the pids of processes that hold its memory too), then waits
+to be killed or does what its options say.
+
+--gib G          video memory to allocate (cuMemAlloc)
+--fork-hold S    fork a child after the allocation that keeps the inherited GPU files for S
+                 seconds, never touching CUDA, then exits
+--export-hold S  share the allocation with a spawned importer (legacy CUDA IPC,
+                 cuIpcOpenMemHandle) that keeps it for S seconds after the exporter's death
+                 (it polls for it), then exits
+--exit-after S   exit normally (status 0) S seconds after READY
+--import HANDLE  (the importer itself) open HANDLE, print IMPORTED, hold it as above
+"""
+import argparse, ctypes, json, os, subprocess, sys, time, warnings
+
+# CUDA's own threads make Python warn about fork; the forked child never touches CUDA.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+cuda = ctypes.CDLL("libcuda.so.1")
+
+
+class IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+cuda.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+cuda.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcHandle), ctypes.c_uint64]
+cuda.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), IpcHandle, ctypes.c_uint]
+
+
+def check(result, what):
+    if result != 0:
+        print("FAILED", json.dumps({"pid": os.getpid(), "what": what, "cuda_error": result}),
+              flush=True)
+        os._exit(3)
+
+
+def context():
+    check(cuda.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def hold_past(pid, seconds):
+    """Keeps going until `pid` is gone, then `seconds` more."""
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        time.sleep(0.01)
+    time.sleep(seconds)
+
+
+def importer(handle_hex, exporter, seconds):
+    context()
+    handle = IpcHandle()
+    ctypes.memmove(ctypes.byref(handle), bytes.fromhex(handle_hex), ctypes.sizeof(handle))
+    ptr = ctypes.c_uint64()
+    check(cuda.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, 1), "cuIpcOpenMemHandle")
+    print("IMPORTED", flush=True)
+    hold_past(exporter, seconds)
+    os._exit(0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--gib", type=float, default=1)
+    p.add_argument("--fork-hold", type=float)
+    p.add_argument("--export-hold", type=float)
+    p.add_argument("--exit-after", type=float)
+    p.add_argument("--import", dest="handle")
+    p.add_argument("--exporter", type=int)
+    a = p.parse_args()
+    if a.handle:
+        importer(a.handle, a.exporter, a.export_hold)
+    context()
+    size = int(a.gib * (1 << 30))
+    ptr = ctypes.c_uint64()
+    check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), size), "cuMemAlloc")
+    check(cuda.cuMemsetD8_v2(ptr, 1, size), "cuMemsetD8")
+    check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+    info = {"pid": os.getpid(), "bytes": size, "holders": []}
+    if a.export_hold is not None:
+        handle = IpcHandle()
+        check(cuda.cuIpcGetMemHandle(ctypes.byref(handle), ptr), "cuIpcGetMemHandle")
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--import",
+             ctypes.string_at(ctypes.byref(handle), ctypes.sizeof(handle)).hex(),
+             "--exporter", str(os.getpid()), "--export-hold", str(a.export_hold)],
+            stdout=subprocess.PIPE, text=True)
+        said = proc.stdout.readline().strip()
+        if said != "IMPORTED":
+            print("FAILED", json.dumps({"pid": os.getpid(), "what": "import", "importer": said}),
+                  flush=True)
+            os._exit(3)
+        info["holders"].append({"pid": proc.pid, "how": "import"})
+    if a.fork_hold is not None:
+        child = os.fork()
+        if child == 0:
+            hold_past(os.getppid(), a.fork_hold)
+            os._exit(0)
+        info["holders"].append({"pid": child, "how": "fork"})
+    print("READY", json.dumps(info), flush=True)
+    if a.exit_after is not None:
+        time.sleep(a.exit_after)
+        os._exit(0)
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

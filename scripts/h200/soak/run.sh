@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# H200: the soak (soak.py) beside `linger agent --record` in each mode of MODES, after a 20 s
+# smoke run that must start its jobs. Results in $OUT: soak-MODE.tgz (truth, metrics, the
+# agent's incident log and stderr) and the recording without the driver controls no rule reads,
+# in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
+# usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
+#        bash scripts/h200/soak/run.sh
+set -u
+L=${L:-target/release/linger}
+T=${T:-target/release/linger-trace-trim}
+MODES=${MODES:-default lean}
+S=$(dirname "$0")
+smoke=$(mktemp -d)
+PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$smoke" --duration 20 --workers 4 --rate 2
+if ! grep -q t_kill_ns "$smoke/truth.jsonl" || grep -q '"failed"' "$smoke/truth.jsonl"; then
+  echo "smoke run failed:"; head -c 3000 "$smoke/truth.jsonl"; cat "$smoke/agent.err"; exit 1
+fi
+echo "smoke: $(grep -c t_kill_ns "$smoke/truth.jsonl") kills"
+for mode in $MODES; do
+  W=$(mktemp -d)
+  flags=""
+  [ "$mode" = lean ] && flags="--lean"
+  PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$W" $flags --duration "${DURATION:-420}" \
+    --workers "${WORKERS:-16}" --rate "${RATE:-6}"
+  echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
+    "flight recorder $(du -sh "$W/state/flight" 2>/dev/null | cut -f1)"
+  "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls
+  tar czf "$OUT/soak-$mode.tgz" -C "$W" truth.jsonl metrics.jsonl state/incidents.jsonl agent.err
+  split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
+done

@@ -1,0 +1,279 @@
+"""The soak: a busy GPU node's steady churn of jobs beside `linger agent`, with a truth of its
+own for every victim.
+
+Workers start GPU jobs (job.py: 1-16 GiB; some fork a child that keeps the memory a second
+longer, some share it with a CUDA IPC importer that keeps it a second longer, some exit
+normally) and SIGKILL the rest at a steady rate. The harness is every job's reaper (a
+subreaper, so orphaned holders come back to it too) and times each reap on CLOCK_BOOTTIME: a
+victim's memory is back when the last process holding it has been reaped (the driver frees it
+in that process's exit, before its zombie transition). Its own NVML poll says when NVML last
+listed each pid, as a cross-check. Meanwhile it scrapes the agent's /metrics and reads the
+agent's CPU time and memory every second.
+
+usage: soak.py LINGER OUTDIR [--lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
+writes OUTDIR/truth.jsonl (a line per job, then a summary), OUTDIR/metrics.jsonl (a line a
+second), OUTDIR/state/incidents.jsonl (the agent's log), OUTDIR/soak.trace, OUTDIR/agent.err
+"""
+import argparse, ctypes, json, os, random, signal, subprocess, sys, threading, time, urllib.request
+
+import pynvml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GIB = 1 << 30
+PR_SET_CHILD_SUBREAPER = 36
+METRICS = "127.0.0.1:9477"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def boot_ns():
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+class Reaper(threading.Thread):
+    """Reaps every child and orphan, and says when."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.reaped = {}
+        self.cond = threading.Condition()
+
+    def run(self):
+        while True:
+            try:
+                pid, status, _ = os.wait4(-1, 0)
+            except ChildProcessError:
+                time.sleep(0.005)
+                continue
+            t = boot_ns()
+            with self.cond:
+                self.reaped[pid] = (t, status)
+                self.cond.notify_all()
+
+    def wait_for(self, pids, timeout):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not all(p in self.reaped for p in pids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+
+class Poll(threading.Thread):
+    """NVML every 2 ms: when each pid was first and last listed, and the device's used memory."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        pynvml.nvmlInit()
+        self.dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.listed = {}
+        self.used = []
+        self.stop = False
+
+    def reading(self):
+        used = pynvml.nvmlDeviceGetMemoryInfo(self.dev).used
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.dev)
+        return boot_ns(), used, procs
+
+    def run(self):
+        last_kept = 0
+        while not self.stop:
+            try:
+                t, used, procs = self.reading()
+            except pynvml.NVMLError:
+                time.sleep(0.002)
+                continue
+            for p in procs:
+                first, _ = self.listed.get(p.pid, (t, t))
+                self.listed[p.pid] = (first, t)
+            if t - last_kept >= 100_000_000:
+                self.used.append((t, used))
+                last_kept = t
+            time.sleep(0.002)
+
+
+class Scraper(threading.Thread):
+    """The agent's /metrics and its CPU time and memory, every second."""
+
+    def __init__(self, agent_pid, out):
+        super().__init__(daemon=True)
+        self.pid = agent_pid
+        self.out = out
+        self.stop = False
+        self.kills = 0
+
+    def sample(self):
+        stat = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+        cpu_s = (int(stat[11]) + int(stat[12])) / TICK
+        rss = next(int(l.split()[1]) * 1024 for l in open(f"/proc/{self.pid}/status")
+                   if l.startswith("VmRSS:"))
+        row = {"t_ns": boot_ns(), "kills": self.kills, "cpu_s": cpu_s, "rss": rss}
+        try:
+            text = urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=2).read().decode()
+        except OSError as e:
+            row["scrape_error"] = repr(e)
+            return row
+        lingering, lost = 0.0, {}
+        for line in text.splitlines():
+            if line.startswith("linger_gpu_memory_lingering_bytes"):
+                lingering += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("linger_lost_records_total{"):
+                what = line.split('what="', 1)[1].split('"', 1)[0]
+                lost[what] = lost.get(what, 0) + float(line.rsplit(" ", 1)[1])
+        row.update(lingering=lingering, lost=lost)
+        return row
+
+    def run(self):
+        while not self.stop:
+            try:
+                self.out.write(json.dumps(self.sample()) + "\n")
+                self.out.flush()
+            except (OSError, StopIteration, IndexError):
+                pass
+            time.sleep(1)
+
+
+class Pace:
+    """Kills at `rate` a second at most, evenly."""
+
+    def __init__(self, rate):
+        self.gap = 1.0 / rate
+        self.next = time.monotonic()
+        self.lock = threading.Lock()
+
+    def wait(self):
+        with self.lock:
+            now = time.monotonic()
+            at = max(self.next, now)
+            self.next = at + self.gap
+        time.sleep(max(0.0, at - now))
+
+
+def job_kind(rng):
+    r = rng.random()
+    if r < 0.10:
+        return "fork"
+    if r < 0.18:
+        return "ipc"
+    if r < 0.30:
+        return "exit"
+    return "kill"
+
+
+def worker(n, reaper, pace, stop, truth, lock, scraper, max_gib):
+    rng = random.Random(n)
+    sizes = [g for g in (1, 2, 4, 8, 16) if g <= max_gib]
+    while not stop.is_set():
+        kind = job_kind(rng)
+        gib = rng.choice(sizes)
+        life = rng.uniform(0.2, 2.0)
+        cmd = [sys.executable, os.path.join(HERE, "job.py"), "--gib", str(gib)]
+        if kind == "fork":
+            cmd += ["--fork-hold", "1"]
+        elif kind == "ipc":
+            cmd += ["--export-hold", "1"]
+        elif kind == "exit":
+            cmd += ["--exit-after", f"{life:.3f}"]
+        t_start = boot_ns()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        rec = {"worker": n, "kind": kind, "gib": gib, "pid": proc.pid, "t_start_ns": t_start}
+        if not line.startswith("READY"):
+            rec["failed"] = line.strip() or "no READY"
+            reaper.wait_for([proc.pid], 30)
+            with lock:
+                truth.append(rec)
+            continue
+        info = json.loads(line.split(" ", 1)[1])
+        rec["t_ready_ns"] = boot_ns()
+        rec["holders"] = info["holders"]
+        if kind == "exit":
+            reaper.wait_for([proc.pid], 60)
+        else:
+            time.sleep(life)
+            pace.wait()
+            rec["t_kill_ns"] = boot_ns()
+            os.kill(proc.pid, signal.SIGKILL)
+            with lock:
+                scraper.kills += 1
+        everyone = [proc.pid] + [h["pid"] for h in info["holders"]]
+        if not reaper.wait_for(everyone, 60):
+            rec["unreaped"] = [p for p in everyone if p not in reaper.reaped]
+        with lock:
+            truth.append(rec)
+        proc.stdout.close()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("linger")
+    p.add_argument("out")
+    p.add_argument("--lean", action="store_true")
+    p.add_argument("--duration", type=float, default=480)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--rate", type=float, default=6)
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    reaper = Reaper()
+    reaper.start()
+    poll = Poll()
+    idle = poll.reading()[1]
+    poll.start()
+    # The agent refuses a state directory that does not exist (yet).
+    os.makedirs(os.path.join(a.out, "state"), mode=0o700, exist_ok=True)
+    err = open(os.path.join(a.out, "agent.err"), "w")
+    agent = subprocess.Popen(
+        [a.linger, "agent", "--metrics-listen", METRICS, "--state-dir",
+         os.path.join(a.out, "state"), "--record", os.path.join(a.out, "soak.trace")]
+        + (["--lean"] if a.lean else []),
+        stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while "tracing" not in open(os.path.join(a.out, "agent.err")).read():
+        if time.monotonic() > deadline or agent.poll() is not None:
+            raise SystemExit("the agent did not start: " + open(os.path.join(a.out, "agent.err")).read())
+        time.sleep(0.05)
+    scraper = Scraper(agent.pid, open(os.path.join(a.out, "metrics.jsonl"), "w"))
+    scraper.start()
+    truth, lock, stop = [], threading.Lock(), threading.Event()
+    pace = Pace(a.rate)
+    # Every worker's largest job fits beside the others'.
+    max_gib = max(1, 128 // a.workers)
+    t0 = boot_ns()
+    threads = [threading.Thread(target=worker, args=(n, reaper, pace, stop, truth, lock,
+                                                     scraper, max_gib), daemon=True)
+               for n in range(a.workers)]
+    for t in threads:
+        t.start()
+    time.sleep(a.duration)
+    stop.set()
+    for t in threads:
+        t.join(120)
+    t_end = boot_ns()
+    # The last releases, then a few seconds of the agent's gauges after them.
+    time.sleep(5)
+    scraper.stop = True
+    poll.stop = True
+    time.sleep(1.2)
+    agent.send_signal(signal.SIGINT)
+    # The reaper collects the agent too, with its exit status.
+    reaper.wait_for([agent.pid], 120)
+    with open(os.path.join(a.out, "truth.jsonl"), "w") as f:
+        for rec in truth:
+            for pid in [rec["pid"]] + [h["pid"] for h in rec.get("holders", [])]:
+                t, status = reaper.reaped.get(pid, (None, None))
+                first, last = poll.listed.get(pid, (None, None))
+                rec.setdefault("reaped", {})[str(pid)] = t
+                rec.setdefault("status", {})[str(pid)] = status
+                rec.setdefault("nvml_listed", {})[str(pid)] = [first, last]
+            f.write(json.dumps(rec) + "\n")
+        f.write(json.dumps({"summary": True, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
+                            "used_after": poll.reading()[1], "workers": a.workers,
+                            "rate": a.rate, "lean": a.lean,
+                            "agent_status": reaper.reaped.get(agent.pid, (None, None))[1],
+                            "used": poll.used}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
