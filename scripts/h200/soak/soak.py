@@ -50,14 +50,17 @@ class Reaper(threading.Thread):
                 self.cond.notify_all()
 
     def wait_for(self, pids, timeout):
+        """Waits until every pid in `pids` is reaped and takes their reaps (time, status) out,
+        so that a later process with a reused pid waits for its own; None for those that were
+        not reaped in time."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while not all(p in self.reaped for p in pids):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    break
                 self.cond.wait(left)
-        return True
+            return {p: self.reaped.pop(p, None) for p in pids}
 
 
 class Poll(threading.Thread):
@@ -181,25 +184,24 @@ def worker(n, reaper, pace, stop, truth, lock, scraper, max_gib):
         rec = {"worker": n, "kind": kind, "gib": gib, "pid": proc.pid, "t_start_ns": t_start}
         if not line.startswith("READY"):
             rec["failed"] = line.strip() or "no READY"
-            reaper.wait_for([proc.pid], 30)
+            rec["reaped"] = {str(proc.pid): reaper.wait_for([proc.pid], 30)[proc.pid]}
             with lock:
                 truth.append(rec)
             continue
         info = json.loads(line.split(" ", 1)[1])
         rec["t_ready_ns"] = boot_ns()
         rec["holders"] = info["holders"]
-        if kind == "exit":
-            reaper.wait_for([proc.pid], 60)
-        else:
+        everyone = [proc.pid] + [h["pid"] for h in info["holders"]]
+        if kind != "exit":
             time.sleep(life)
             pace.wait()
             rec["t_kill_ns"] = boot_ns()
             os.kill(proc.pid, signal.SIGKILL)
             with lock:
                 scraper.kills += 1
-        everyone = [proc.pid] + [h["pid"] for h in info["holders"]]
-        if not reaper.wait_for(everyone, 60):
-            rec["unreaped"] = [p for p in everyone if p not in reaper.reaped]
+        reaps = reaper.wait_for(everyone, 60)
+        rec["reaped"] = {str(p): r and r[0] for p, r in reaps.items()}
+        rec["status"] = {str(p): r and r[1] for p, r in reaps.items()}
         with lock:
             truth.append(rec)
         proc.stdout.close()
@@ -258,20 +260,18 @@ def main():
     time.sleep(1.2)
     agent.send_signal(signal.SIGINT)
     # The reaper collects the agent too, with its exit status.
-    reaper.wait_for([agent.pid], 120)
+    agent_status = (reaper.wait_for([agent.pid], 120)[agent.pid] or (None, None))[1]
     with open(os.path.join(a.out, "truth.jsonl"), "w") as f:
         for rec in truth:
             for pid in [rec["pid"]] + [h["pid"] for h in rec.get("holders", [])]:
-                t, status = reaper.reaped.get(pid, (None, None))
-                first, last = poll.listed.get(pid, (None, None))
-                rec.setdefault("reaped", {})[str(pid)] = t
-                rec.setdefault("status", {})[str(pid)] = status
-                rec.setdefault("nvml_listed", {})[str(pid)] = [first, last]
+                # NVML's listing of a pid over the whole run: a reused pid's is ambiguous.
+                rec.setdefault("nvml_listed", {})[str(pid)] = poll.listed.get(pid)
             f.write(json.dumps(rec) + "\n")
-        f.write(json.dumps({"summary": True, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
+        # harness 2: each job's reaps taken when they came (1 kept one per pid for the run).
+        f.write(json.dumps({"summary": True, "harness": 2, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
                             "used_after": poll.reading()[1], "workers": a.workers,
                             "rate": a.rate, "lean": a.lean,
-                            "agent_status": reaper.reaped.get(agent.pid, (None, None))[1],
+                            "agent_status": agent_status,
                             "used": poll.used}) + "\n")
 
 
