@@ -1,34 +1,43 @@
-//! `linger stats FILE|DIR...`: the article's table from real incidents. Incident logs and
-//! live or replay JSON output (`*.jsonl`, `*.json`) are read as they are; trace files
-//! (`*.trace`) are replayed through the analysis first. The same incident met in several
-//! inputs counts once.
+//! `linger stats FILE|DIR...`: the article's table from real incidents. Each file, named or
+//! found in a directory (recursively, in name order), is told by its contents, whatever its
+//! name (`*.lgr`, `*.trace`, `*.jsonl`, none): a trace (the magic `\x89LINGER\n` first) is
+//! replayed through the analysis; an incident log or live/replay JSON output (a JSON object
+//! first) is read as it is; any other file (text, binary, empty) is said and skipped, as is
+//! what cannot be read, and the rest is counted.
+//!
+//! The same incident (boot id, incident id, signal time, pid) met in several files counts once.
+//! Its record is taken from a replayed trace over a saved log (a live output recorded beside
+//! its trace holds the same incidents: the trace's replay is what this linger's analysis says
+//! of them), then a settled record over an unsettled one, then the file whose path sorts
+//! first: the same whatever the order of the files. Which file gave what is said: on stderr
+//! ("incidents.jsonl: 60 incident(s) also in campaign.trace; that trace's replay was used")
+//! and in the JSON's `inputs`.
 
 use std::{
-    fs,
+    collections::BTreeSet,
     io::Write,
-    ops::ControlFlow,
     path::{Path, PathBuf},
 };
 
+mod inputs;
 mod table;
 
-use super::report;
 use anyhow::Context;
 use serde_json::{json, Value};
 use tracer_user::{
     analysis::{
-        stats::{groups, By, Incidents, Sample},
-        Correlator,
+        merge::{Contribution, Incidents, Source},
+        stats::{groups, By, Sample},
     },
     escape,
     output::{Existing, OutputFile},
     sink::{json as json_sink, stats_svg},
-    source::replay::Replay,
 };
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Incident logs, JSON output of `live`/`replay`, trace files, or directories of them.
+    /// Incident logs, JSON output of `live`/`replay`, traces, or directories of them (each
+    /// file told by its contents).
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
     /// What a row is.
@@ -61,33 +70,29 @@ pub struct Args {
     force: bool,
 }
 
-/// What could not be read, said on stderr and in the JSON.
-#[derive(Default)]
-struct Skipped {
-    notes: Vec<String>,
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut files = Vec::new();
+    // What could not be read, said on stderr and in the JSON.
+    let mut skipped = Vec::new();
+    let (mut seen, mut files) = (BTreeSet::new(), Vec::new());
     for input in &args.inputs {
-        collect(input, &mut files)?;
+        inputs::collect(input, &mut seen, &mut files, &mut skipped)?;
     }
     let mut incidents = Incidents::default();
-    let mut skipped = Skipped::default();
-    let mut read = 0;
+    let mut read = Vec::new();
     for file in &files {
-        let records = match file.extension().and_then(|e| e.to_str()) {
-            Some("trace") => replayed(file, &mut skipped),
-            _ => lines(file, &mut skipped),
+        let Some((source, records)) = inputs::read(file, &mut skipped) else {
+            continue;
         };
-        read += 1;
+        let f = incidents.file(file, source);
+        read.push((file.as_path(), source));
         for r in &records {
             if let Some(s) = Sample::from_record(r).filter(|s| wanted(&args, s)) {
-                incidents.add(s);
+                incidents.add(f, s);
             }
         }
     }
-    for note in &skipped.notes {
+    let given = incidents.contributions();
+    for note in skipped.iter().chain(&overlaps(&read, &given)) {
         eprintln!("linger stats: {}", escape::terminal(note));
     }
     let rows = groups(incidents.samples(), args.by);
@@ -103,15 +108,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let report = json!({
             "type": "stats",
             "by": format!("{:?}", args.by).to_lowercase(),
-            "files": read,
+            "files": read.len(),
+            "inputs": inputs_json(&read, &given),
             "groups": rows,
-            "skipped": skipped.notes,
+            "skipped": skipped,
         });
         json_sink::write_line(&mut out, &report)?;
     } else if args.csv {
         out.write_all(table::csv(&rows).as_bytes())?;
     } else {
-        out.write_all(escape::terminal_lines(&table::text(&rows, args.by, read)).as_bytes())?;
+        out.write_all(escape::terminal_lines(&table::text(&rows, args.by, read.len())).as_bytes())?;
     }
     Ok(())
 }
@@ -129,105 +135,43 @@ fn wanted(args: &Args, s: &Sample) -> bool {
         && (args.pods.is_empty() || s.pod.as_ref().is_some_and(|p| args.pods.contains(p)))
 }
 
-/// Files under `input`, in name order (a directory recursively).
-fn collect(input: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    let meta = fs::metadata(input).map_err(|e| anyhow::anyhow!("{}: {e}", escape::path(input)))?;
-    if !meta.is_dir() {
-        files.push(input.to_path_buf());
-        return Ok(());
-    }
-    let mut entries: Vec<PathBuf> = fs::read_dir(input)?.flatten().map(|e| e.path()).collect();
-    entries.sort();
-    for e in entries {
-        let ext = e.extension().and_then(|x| x.to_str());
-        if e.is_dir() {
-            collect(&e, files)?;
-        } else if matches!(ext, Some("jsonl" | "json" | "trace")) {
-            files.push(e);
-        }
-    }
-    Ok(())
-}
-
-/// The JSON lines of a file; lines that are not JSON are counted and skipped.
-fn lines(file: &Path, skipped: &mut Skipped) -> Vec<Value> {
-    let text = match fs::read(file) {
-        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) => {
-            skipped.notes.push(format!("{}: {e}", escape::path(file)));
-            return Vec::new();
-        }
-    };
-    let mut bad = 0;
-    let values = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter_map(|l| {
-            let v = serde_json::from_str(l).ok();
-            bad += usize::from(v.is_none());
-            v
+/// Per file read: its kind, the incidents counted from it, and those taken from another file.
+fn inputs_json(read: &[(&Path, Source)], given: &[Contribution]) -> Vec<Value> {
+    read.iter()
+        .zip(given)
+        .map(|(&(path, source), c)| {
+            let taken: serde_json::Map<String, Value> = c
+                .taken_from
+                .iter()
+                .map(|(&from, &n)| (escape::path(read[from].0), n.into()))
+                .collect();
+            json!({
+                "file": escape::path(path),
+                "kind": source,
+                "counted": c.counted,
+                "duplicates": c.duplicates,
+                "taken_from": taken,
+            })
         })
-        .collect();
-    if bad > 0 {
-        skipped.notes.push(format!(
-            "{}: {bad} line(s) that are not JSON skipped (a truncated or damaged log)",
-            escape::path(file)
-        ));
-    }
-    values
-}
-
-/// The incident records the analysis makes of a trace file, as JSON.
-fn replayed(file: &Path, skipped: &mut Skipped) -> Vec<Value> {
-    let mut replay = match Replay::open(file) {
-        Ok(r) => r,
-        Err(e) => {
-            skipped.notes.push(format!("{}: {e}", escape::path(file)));
-            return Vec::new();
-        }
-    };
-    let mut correlator = Correlator::new(replay.meta().analysis.config.clone());
-    let mut out = Vec::new();
-    let result = replay.run(
-        |e| {
-            correlator.on_event(e, &mut out);
-            ControlFlow::Continue(())
-        },
-        |_| {},
-    );
-    if let Err(e) = result {
-        // What was read before the damage still counts.
-        skipped.notes.push(format!(
-            "{}: {e}; the incidents before it are counted",
-            escape::path(file)
-        ));
-    }
-    let read = replay.read_stats();
-    for d in &read.damage {
-        skipped.notes.push(format!(
-            "{}: skipped {} damaged bytes at offset {} ({}); the incidents around them may be \
-             incomplete",
-            escape::path(file),
-            d.bytes,
-            d.offset,
-            d.reason
-        ));
-    }
-    if read.chunks_lost > 0 {
-        skipped.notes.push(format!(
-            "{}: {} chunk(s) missing",
-            escape::path(file),
-            read.chunks_lost
-        ));
-    }
-    correlator.finish(&mut out);
-    // As `linger replay` prints them: the same node and boot as the live output's records.
-    let (node, anchor) = (report::node_of(replay.meta()), replay.meta().anchor());
-    out.iter_mut()
-        .map(|r| {
-            report::stamp(r, &node, &anchor);
-            &*r
-        })
-        .filter_map(|r| serde_json::to_value(r).ok())
         .collect()
+}
+
+/// A line per file and other file it shares incidents with, saying whose record was used.
+fn overlaps(read: &[(&Path, Source)], given: &[Contribution]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (&(path, _), c) in read.iter().zip(given) {
+        for (&from, n) in &c.taken_from {
+            let (other, source) = read[from];
+            let used = match source {
+                Source::Trace => "that trace's replay was used",
+                Source::Log => "that log's record was used",
+            };
+            notes.push(format!(
+                "{}: {n} incident(s) also in {}; {used}",
+                escape::path(path),
+                escape::path(other)
+            ));
+        }
+    }
+    notes
 }
