@@ -9,6 +9,7 @@ pub mod incident;
 pub mod ledger;
 pub mod losses;
 pub mod memory;
+pub mod merge;
 pub mod notice;
 mod references;
 pub mod signals;

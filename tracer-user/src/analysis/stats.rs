@@ -10,12 +10,14 @@ use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
 
+/// Boot id, incident id, t_signal_ns, target pid: one incident however many files repeat it,
+/// and incidents of different boots and nodes apart.
+pub type Key = (Option<String>, u64, u64, u64);
+
 /// One GPU incident, as its last record says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
-    /// Boot id, incident id, t_signal_ns, target pid: one incident however many files repeat
-    /// it, and incidents of different boots and nodes apart.
-    pub key: (Option<String>, u64, u64, u64),
+    pub key: Key,
     pub termination: String,
     pub verdict: String,
     pub comm: String,
@@ -87,27 +89,6 @@ impl Sample {
                 .is_some_and(|l| l.iter().any(|x| x["what"] != "stacks")),
             settled: v["settled"].as_bool().unwrap_or(false),
         })
-    }
-}
-
-/// Keeps one sample per incident: a settled record over an unsettled one, else the later.
-#[derive(Default)]
-pub struct Incidents {
-    by_key: BTreeMap<(Option<String>, u64, u64, u64), Sample>,
-}
-
-impl Incidents {
-    pub fn add(&mut self, s: Sample) {
-        match self.by_key.get(&s.key) {
-            Some(old) if old.settled && !s.settled => {}
-            _ => {
-                self.by_key.insert(s.key.clone(), s);
-            }
-        }
-    }
-
-    pub fn samples(&self) -> impl Iterator<Item = &Sample> {
-        self.by_key.values()
     }
 }
 
@@ -341,18 +322,5 @@ mod tests {
         assert_eq!(size_bucket(GIB), "1-2 GiB");
         assert_eq!(size_bucket(5 * GIB), "4-8 GiB");
         assert_eq!(size_bucket(64 * GIB + 1), "64-128 GiB");
-    }
-
-    #[test]
-    fn a_settled_record_wins_over_a_later_unsettled_one() {
-        let mut all = Incidents::default();
-        all.add(sample(1, Some(100), false));
-        let mut later = sample(1, None, false);
-        later.settled = false;
-        all.add(later);
-        assert_eq!(
-            all.samples().next().and_then(|s| s.release_ns),
-            Some(100_000_000)
-        );
     }
 }

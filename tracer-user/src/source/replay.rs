@@ -46,7 +46,15 @@ enum Chunks<R> {
 impl Replay<File> {
     /// Reads the file's chunks on a second thread.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
-        let reader = TraceReader::new(File::open(path)?)?;
+        Self::prefetched(File::open(path)?)
+    }
+}
+
+impl<R: Read + Send + 'static> Replay<R> {
+    /// Reads `input`'s chunks on a second thread (a file already opened, whose first bytes
+    /// were read to tell what it is, chained back in front).
+    pub fn prefetched(input: R) -> Result<Self, TraceError> {
+        let reader = TraceReader::new(input)?;
         Ok(Self::with(
             reader.meta().clone(),
             Chunks::Prefetched(Prefetch::start(reader)),
