@@ -10,15 +10,19 @@ pub fn h200() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200")
 }
 
-/// The JSON values of a `.jsonl.zst` (or plain `.jsonl`) file, one a line.
-pub fn json_lines(path: &Path) -> Vec<Value> {
+/// A file's bytes, decompressed when it is a `.zst`.
+pub fn decompressed(path: &Path) -> Vec<u8> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let text = if path.extension().is_some_and(|e| e == "zst") {
+    if path.extension().is_some_and(|e| e == "zst") {
         zstd::decode_all(bytes.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     } else {
         bytes
-    };
-    String::from_utf8(text)
+    }
+}
+
+/// The JSON values of a `.jsonl.zst` (or plain `.jsonl`) file, one a line.
+pub fn json_lines(path: &Path) -> Vec<Value> {
+    String::from_utf8(decompressed(path))
         .expect("UTF-8")
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display())))

@@ -11,26 +11,40 @@ use std::{
     process::Command,
 };
 
+use linger_tests::{
+    fixtures::{decompressed, h200},
+    TempDir,
+};
 use serde_json::{json, Value};
-use trace_support::{record, TempDir};
+use trace_support::record;
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
 }
 
 fn suite() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/h200/suite")
+    h200().join("suite")
 }
 
-fn jsonl_files(dirs: &[&str]) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = dirs
-        .iter()
-        .flat_map(|d| std::fs::read_dir(suite().join(d)).expect("suite dir"))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-        .filter(|p| !p.ends_with("truth.jsonl"))
-        .collect();
+/// The live logs of these passes (`NAME.jsonl.zst`) as `stats` reads them, plain JSON lines,
+/// in `dir/PASS/NAME.jsonl`; in name order.
+fn live_logs(dir: &Path, passes: &[&str]) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for pass in passes {
+        std::fs::create_dir_all(dir.join(pass)).expect("folder");
+        for e in std::fs::read_dir(suite().join(pass))
+            .expect("suite dir")
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(run) = name.strip_suffix(".jsonl.zst").filter(|r| *r != "truth") else {
+                continue;
+            };
+            let to = dir.join(pass).join(format!("{run}.jsonl"));
+            std::fs::write(&to, decompressed(&e.path())).expect("writing a log");
+            files.push(to);
+        }
+    }
     files.sort();
     files
 }
@@ -52,7 +66,7 @@ fn stats(args: &[&str], inputs: &[PathBuf]) -> (Value, String) {
 fn expected(files: &[PathBuf]) -> BTreeMap<String, (u64, f64, f64)> {
     let mut last: BTreeMap<(u64, u64, u64), Value> = BTreeMap::new();
     for f in files {
-        for line in std::fs::read_to_string(f).expect("jsonl").lines() {
+        for line in String::from_utf8(decompressed(f)).expect("UTF-8").lines() {
             let r: Value = serde_json::from_str(line).expect("JSON");
             if !r["type"].as_str().unwrap_or("").starts_with("incident") {
                 continue;
@@ -124,13 +138,14 @@ fn total(report: &Value) -> u64 {
 /// A committed file of the suite copied into `dir` as `name`.
 fn copy(from: &str, dir: &Path, name: &str) -> PathBuf {
     let to = dir.join(name);
-    std::fs::copy(suite().join(from), &to).expect("copying a suite file");
+    std::fs::write(&to, decompressed(&suite().join(from))).expect("copying a suite file");
     to
 }
 
 #[test]
 fn the_table_matches_an_independent_count_of_the_incidents() {
-    let files = jsonl_files(&["pass5", "pass6", "lean2"]);
+    let tmp = TempDir::new("stats-table");
+    let files = live_logs(tmp.path(), &["pass5", "pass6", "lean2"]);
     let (report, stderr) = stats(&["--json"], &files);
     assert!(stderr.is_empty(), "{stderr}");
     let groups = report["groups"].as_array().expect("groups");
@@ -143,9 +158,17 @@ fn the_table_matches_an_independent_count_of_the_incidents() {
 
 #[test]
 fn a_trace_and_its_live_output_count_each_incident_once() {
-    let dir = suite().join("pass6");
+    // The newest pass as the suite wrote it: each recording beside its live log.
+    let tmp = TempDir::new("stats-pass");
+    let logs_only = live_logs(tmp.path(), &["pass14"]);
+    let dir = tmp.path().join("pass14");
+    for log in &logs_only {
+        let name = log.with_extension("trace");
+        let name = name.file_name().expect("name").to_string_lossy();
+        copy(&format!("pass14/{name}"), &dir, &name);
+    }
     let (both, stderr) = stats(&["--json"], std::slice::from_ref(&dir));
-    let (logs, _) = stats(&["--json"], &jsonl_files(&["pass6"]));
+    let (logs, _) = stats(&["--json"], &logs_only);
     assert_eq!(total(&both), total(&logs));
     assert!(total(&logs) >= 14, "{logs}");
     // Each live log's incidents were taken from its own trace's replay, and said so.
@@ -153,9 +176,6 @@ fn a_trace_and_its_live_output_count_each_incident_once() {
     let mut logs_seen = 0;
     for log in inputs.iter().filter(|i| i["kind"] == "log") {
         let file = log["file"].as_str().expect("file");
-        if file.ends_with("truth.jsonl") {
-            continue;
-        }
         let trace = file.replace(".jsonl", ".trace");
         let n = log["duplicates"].as_u64().expect("duplicates");
         assert!(n > 0, "{log}");
@@ -169,7 +189,7 @@ fn a_trace_and_its_live_output_count_each_incident_once() {
         );
         logs_seen += 1;
     }
-    assert_eq!(logs_seen, jsonl_files(&["pass6"]).len(), "{both}");
+    assert_eq!(logs_seen, logs_only.len(), "{both}");
 }
 
 #[test]
@@ -177,9 +197,9 @@ fn a_trace_is_told_by_its_contents_whatever_its_name() {
     let tmp = TempDir::new("stats-names");
     // Named `*.lgr` as docs/trace-format.md has it, named nothing telling, and found in a
     // directory under a name no trace has.
-    let lgr = copy("pass14/forked-holder.trace", &tmp.0, "x.lgr");
-    let bare = copy("pass14/kill-storm.trace", &tmp.0, "recording");
-    let found = tmp.0.join("found");
+    let lgr = copy("pass14/forked-holder.trace", tmp.path(), "x.lgr");
+    let bare = copy("pass14/kill-storm.trace", tmp.path(), "recording");
+    let found = tmp.path().join("found");
     std::fs::create_dir(&found).expect("folder");
     copy("pass14/oom.trace", &found, "run.data");
     for (input, run) in [(lgr, "forked-holder"), (bare, "kill-storm"), (found, "oom")] {
@@ -188,7 +208,7 @@ fn a_trace_is_told_by_its_contents_whatever_its_name() {
         assert_eq!(report["inputs"][0]["kind"], "trace", "{report}");
         // The live output of the same run, counted here independently (pass14 replays
         // byte-identical to live).
-        let want = expected(&[suite().join(format!("pass14/{run}.jsonl"))]);
+        let want = expected(&[suite().join(format!("pass14/{run}.jsonl.zst"))]);
         assert!(!want.is_empty(), "{run}");
         assert_figures(&report, &want);
     }
@@ -211,21 +231,28 @@ fn a_fresh_recording_named_lgr_is_read_as_a_trace() {
 #[test]
 fn files_that_are_neither_trace_nor_log_are_said_and_skipped() {
     let tmp = TempDir::new("stats-other");
-    let text = tmp.0.join("notes.txt");
+    let text = tmp.path().join("notes.txt");
     std::fs::write(&text, "linger: tracing fatal signals\n").expect("text");
-    let blob = tmp.0.join("blob");
+    let blob = tmp.path().join("blob");
     let bytes: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
     std::fs::write(&blob, bytes).expect("blob");
     // Named like a log, but empty.
-    let empty = tmp.0.join("empty.jsonl");
+    let empty = tmp.path().join("empty.jsonl");
     std::fs::write(&empty, "").expect("empty");
-    let log = copy("pass14/kill-storm.jsonl", &tmp.0, "kill-storm.jsonl");
+    let log = copy(
+        "pass14/kill-storm.jsonl.zst",
+        tmp.path(),
+        "kill-storm.jsonl",
+    );
     let want = expected(std::slice::from_ref(&log));
     // Named, and found in a directory: the same.
-    for inputs in [vec![text, blob, empty, log.clone()], vec![tmp.0.clone()]] {
+    for inputs in [
+        vec![text, blob, empty, log.clone()],
+        vec![tmp.path().to_path_buf()],
+    ] {
         let (report, stderr) = stats(&["--json"], &inputs);
         for name in ["notes.txt", "blob", "empty.jsonl"] {
-            let said = format!("{}: ", tmp.0.join(name).display());
+            let said = format!("{}: ", tmp.path().join(name).display());
             let line = stderr
                 .lines()
                 .find(|l| l.contains(&said))
@@ -248,11 +275,12 @@ fn files_that_are_neither_trace_nor_log_are_said_and_skipped() {
 #[test]
 fn a_trace_and_its_live_log_count_once_from_the_trace_whatever_the_order() {
     let tmp = TempDir::new("stats-both");
-    let trace = copy("pass14/kill-storm.trace", &tmp.0, "campaign.lgr");
+    let trace = copy("pass14/kill-storm.trace", tmp.path(), "campaign.lgr");
     // The live log of the same run with every release 1 s later: the figures say whose
     // records were used.
-    let log = tmp.0.join("incidents.jsonl");
-    let live = std::fs::read_to_string(suite().join("pass14/kill-storm.jsonl")).expect("log");
+    let log = tmp.path().join("incidents.jsonl");
+    let live =
+        String::from_utf8(decompressed(&suite().join("pass14/kill-storm.jsonl.zst"))).expect("log");
     let shifted: String = live
         .lines()
         .map(|l| {
@@ -274,7 +302,7 @@ fn a_trace_and_its_live_log_count_once_from_the_trace_whatever_the_order() {
     for inputs in [
         vec![trace.clone(), log.clone()],
         vec![log.clone(), trace.clone()],
-        vec![tmp.0.clone()],
+        vec![tmp.path().to_path_buf()],
     ] {
         let (report, stderr) = stats(&["--json"], &inputs);
         assert_eq!(report["groups"], alone["groups"], "{inputs:?}");
@@ -303,14 +331,16 @@ fn a_trace_and_its_live_log_count_once_from_the_trace_whatever_the_order() {
 
 #[test]
 fn damaged_inputs_are_reported_and_skipped() {
-    let tmp = std::env::temp_dir().join(format!("linger-stats-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    let good = suite().join("pass6/forked-holder.jsonl");
-    let text = std::fs::read_to_string(&good).expect("log");
+    let dir = TempDir::new("stats-damaged");
+    let tmp = dir.path();
+    let text = String::from_utf8(decompressed(
+        &suite().join("pass14/forked-holder.jsonl.zst"),
+    ))
+    .expect("log");
     // A log cut mid-line, and a trace file cut in half.
     let cut = tmp.join("cut.jsonl");
     std::fs::write(&cut, &text[..text.len() - 40]).expect("cut log");
-    let trace = std::fs::read(suite().join("pass6/forked-holder.trace")).expect("trace");
+    let trace = std::fs::read(suite().join("pass14/forked-holder.trace")).expect("trace");
     let half = tmp.join("half.trace");
     std::fs::write(&half, &trace[..trace.len() / 2]).expect("half trace");
     let junk = tmp.join("junk.trace");
@@ -328,16 +358,15 @@ fn damaged_inputs_are_reported_and_skipped() {
         "{report}"
     );
     assert!(!report["groups"].as_array().expect("groups").is_empty());
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
-    let tmp = std::env::temp_dir().join(format!("linger-stats-svg-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let dir = TempDir::new("stats-svg");
+    let tmp = dir.path();
     let svg = tmp.join("release.svg");
     let _ = std::fs::remove_file(&svg);
-    let files = jsonl_files(&["pass6"]);
+    let files = live_logs(tmp, &["pass14"]);
     let mut args = vec!["--json", "--svg", svg.to_str().expect("UTF-8")];
     let (report, _) = stats(&args, &files);
     let text = std::fs::read_to_string(&svg).expect("the SVG");
@@ -360,5 +389,4 @@ fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
     );
     args.push("--force");
     let (_, _) = stats(&args, &files);
-    let _ = std::fs::remove_dir_all(&tmp);
 }
