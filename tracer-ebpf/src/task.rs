@@ -18,6 +18,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     fdtable_max_fds: 0,
     fdtable_fd: 0,
     fdtable_close_on_exec: 0,
+    fdtable_open_fds: 0,
     file_inode: 0,
     file_refcount: 0,
     file_refcount_bias: 0,
@@ -131,6 +132,15 @@ impl Task {
 pub struct FdTable(*const u8);
 
 impl FdTable {
+    /// The table at `addr`, an address passed as a number (to a global subprogram).
+    pub fn at(addr: u64) -> FdTable {
+        FdTable(addr as *const u8)
+    }
+
+    pub fn addr(self) -> u64 {
+        self.0 as u64
+    }
+
     pub fn max_fds(self) -> u32 {
         read::<u32>(self.0, offsets().fdtable_max_fds)
     }
@@ -142,6 +152,15 @@ impl FdTable {
             return 0;
         }
         read::<u64>(fds, fd.wrapping_mul(8))
+    }
+
+    /// Which of descriptors `64 * word` to `64 * word + 63` are open, one bit each.
+    pub fn open_word(self, word: u32) -> u64 {
+        let bits = read::<u64>(self.0, offsets().fdtable_open_fds) as *const u8;
+        if bits.is_null() {
+            return 0;
+        }
+        read::<u64>(bits, word.wrapping_mul(8))
     }
 
     pub fn cloexec(self, fd: u32) -> bool {
