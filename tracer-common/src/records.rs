@@ -360,6 +360,9 @@ stable_ids! {
         Helpers = 5,
         /// A kernel stack that did not fit in the stack map.
         Stacks = 6,
+        /// A walk of a descriptor table larger than [`FD_WALK_MAX`]: GPU files above it were
+        /// not listed.
+        FdWalk = 7,
     }
 }
 

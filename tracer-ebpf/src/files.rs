@@ -212,7 +212,9 @@ pub fn walk(task: Task, op: FdOp) {
         walk_fds_word(fdt.addr(), word, op as u32);
     }
     if max > FD_WALK_MAX {
-        // A marker so user space knows the listing may be incomplete.
+        // Counted, so that incidents traced meanwhile say so, and marked, so that user space
+        // keeps what it knew of the descriptors the walk did not reach.
+        count_loss(Loss::FdWalk);
         emit::<GpuFd>(|e| {
             e.op = op as u32;
             e.fd = -1;

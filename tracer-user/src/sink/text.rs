@@ -156,7 +156,7 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
     if !facts.is_empty() {
         let lost: Vec<String> = facts
             .iter()
-            .map(|l| format!("{} {}", l.count, loss_name(l.what)))
+            .map(|l| format!("{} {}", l.count, l.what.name()))
             .collect();
         let _ = writeln!(
             s,
@@ -540,13 +540,6 @@ fn fd_ranges(fds: &[i32]) -> String {
         i += 1;
     }
     format!("[{}]", parts.join(", "))
-}
-
-fn loss_name(what: LossKind) -> String {
-    serde_json::to_value(what)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default()
 }
 
 fn ms(v: f64) -> String {
