@@ -232,6 +232,7 @@ pub fn walk(task: Task, op: FdOp) {
 #[inline(never)]
 pub extern "C" fn walk_fds_word(fdt: u64, word: u32, op: u32) -> u32 {
     let fdt = FdTable::at(fdt);
+    let slots = fdt.slots();
     let mut open = fdt.open_word(word);
     let mut fd = word.wrapping_mul(64);
     for _ in 0..64 {
@@ -239,7 +240,8 @@ pub extern "C" fn walk_fds_word(fdt: u64, word: u32, op: u32) -> u32 {
             break;
         }
         if open & 1 != 0 {
-            let file = fdt.file(fd);
+            // Within max_fds: the bitmap has no bit beyond it.
+            let file = slots.file(fd);
             // Sockets, pipes and regular files have no device number: no map lookup for them.
             let dev = if file == 0 { 0 } else { file_dev(file) };
             if dev != 0 && is_gpu_dev(dev) {

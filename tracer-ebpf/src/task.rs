@@ -147,11 +147,15 @@ impl FdTable {
 
     /// The `struct file *` at `fd`, or 0.
     pub fn file(self, fd: u32) -> u64 {
-        let fds = read::<u64>(self.0, offsets().fdtable_fd) as *const u8;
-        if fds.is_null() || fd >= self.max_fds() {
+        if fd >= self.max_fds() {
             return 0;
         }
-        read::<u64>(fds, fd.wrapping_mul(8))
+        self.slots().file(fd)
+    }
+
+    /// The `struct file *` array (`fdtable.fd`), read once for a walk of many descriptors.
+    pub fn slots(self) -> FdSlots {
+        FdSlots(read::<u64>(self.0, offsets().fdtable_fd) as *const u8)
     }
 
     /// Which of descriptors `64 * word` to `64 * word + 63` are open, one bit each.
@@ -170,6 +174,19 @@ impl FdTable {
         }
         let word = read::<u64>(bits, (fd / 64).wrapping_mul(8));
         word >> (fd % 64) & 1 != 0
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct FdSlots(*const u8);
+
+impl FdSlots {
+    /// The `struct file *` at `fd` (below the table's `max_fds`), or 0.
+    pub fn file(self, fd: u32) -> u64 {
+        if self.0.is_null() {
+            return 0;
+        }
+        read::<u64>(self.0, fd.wrapping_mul(8))
     }
 }
 
