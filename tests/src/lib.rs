@@ -8,9 +8,9 @@
 use std::{
     collections::BTreeSet,
     ffi::OsStr,
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read, Write},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, ChildStdout, Command, ExitStatus, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
     thread,
     time::{Duration, Instant},
@@ -467,28 +467,50 @@ pub fn exit_tids(incident: &Value) -> BTreeSet<u32> {
 /// SIGKILLed, and its own reaped, when this goes.
 pub struct FdScenario {
     child: Child,
+    out: BufReader<ChildStdout>,
     pub pids: Vec<u32>,
 }
 
 impl FdScenario {
     pub fn start(exe: &str, device: &std::path::Path, name: &str) -> Self {
+        Self::start_with(exe, device, &[name])
+    }
+
+    /// A scenario and its arguments.
+    pub fn start_with(exe: &str, device: &std::path::Path, args: &[&str]) -> Self {
         let mut child = Command::new(exe)
             .arg(device)
-            .arg(name)
+            .args(args)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("start scenario");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut s = Self {
+            child,
+            out,
+            pids: Vec::new(),
+        };
+        s.pids = s.ready(args[0]);
+        s
+    }
+
+    /// Lets a scenario waiting for its go (a line on its stdin) go on; its next `ready` line
+    /// gives the pids from then on.
+    pub fn go(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "go").expect("tell the scenario to go");
+        self.pids = self.ready("after go");
+    }
+
+    fn ready(&mut self, name: &str) -> Vec<u32> {
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("ready line");
-        let pids: Vec<u32> = line
-            .strip_prefix("ready ")
+        self.out.read_line(&mut line).expect("ready line");
+        line.strip_prefix("ready ")
             .unwrap_or_else(|| panic!("scenario {name} said {line:?}"))
             .split_whitespace()
             .map(|p| p.parse().expect("pid"))
-            .collect();
-        Self { child, pids }
+            .collect()
     }
 
     /// SIGKILLs the scenario's own process and reaps it.

@@ -377,3 +377,39 @@ fn lean_mode_attaches_no_syscall_hook_and_still_names_the_holder() {
         "{update}"
     );
 }
+
+/// A GPU file above descriptor 1500 (a large program opens sockets and files before CUDA), kept
+/// by a child forked and exec'ed after linger started: the child's exec walk and the parent's
+/// exit walk list every descriptor, not only the first few hundred.
+fn a_holder_of_a_file_above_many_descriptors_is_named(name: &str, extra: &[&str]) {
+    let device = stand_in_device(name);
+    let mut s = FdScenario::start_with(SCENARIO, &device, &["many-fds", "1500"]);
+    let live = Live::start(&device, extra);
+    s.go();
+    let (parent, child) = (s.pids[0], s.pids[1]);
+    s.kill();
+    let (incident, events) = live.until_incident(parent);
+    let holders = incident["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{incident}");
+    assert_eq!(holders[0]["pid"], child, "{incident}");
+    let walked: Vec<i64> = fd_events(&events, parent)
+        .iter()
+        .filter(|o| o.0 == "held_at_exit")
+        .map(|o| o.1)
+        .collect();
+    assert!(
+        matches!(walked[..], [fd] if fd > 1500),
+        "the exit walk lists the file above the fillers: {walked:?}"
+    );
+    assert_eq!(incident["losses"], serde_json::json!([]), "{incident}");
+}
+
+#[test]
+fn a_holder_of_a_file_above_descriptor_1500_is_named() {
+    a_holder_of_a_file_above_many_descriptors_is_named("high", &[]);
+}
+
+#[test]
+fn lean_mode_names_a_holder_of_a_file_above_descriptor_1500() {
+    a_holder_of_a_file_above_many_descriptors_is_named("high-lean", &["--lean"]);
+}

@@ -20,6 +20,8 @@ pub struct KernelOffsets {
     pub fdtable_max_fds: u32,
     pub fdtable_fd: u32,
     pub fdtable_close_on_exec: u32,
+    /// `fdtable.open_fds`: the bitmap of descriptors in use, which a walk skips 64 at a time.
+    pub fdtable_open_fds: u32,
     pub file_inode: u32,
     /// `f_ref` (6.13+, stores count - 1) or `f_count` (the count itself).
     pub file_refcount: u32,

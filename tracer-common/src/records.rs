@@ -132,8 +132,11 @@ stable_ids! {
 
 /// Flag bit of [`GpuFd::flags`]: the descriptor is close-on-exec.
 pub const FD_CLOEXEC: u32 = 1;
-/// Flag bit of [`GpuFd::flags`]: the walk stopped at its limit; later descriptors were not seen.
+/// Flag bit of [`GpuFd::flags`]: the walk stopped at [`FD_WALK_MAX`]; later descriptors were
+/// not seen.
 pub const FD_WALK_TRUNCATED: u32 = 2;
+/// Descriptors a walk of a table looks at (as many as `ulimit -n 65536` allows).
+pub const FD_WALK_MAX: u32 = 1 << 16;
 
 wire_struct! {
     /// A descriptor of a GPU file in the header's process.
@@ -357,6 +360,9 @@ stable_ids! {
         Helpers = 5,
         /// A kernel stack that did not fit in the stack map.
         Stacks = 6,
+        /// A walk of a descriptor table larger than [`FD_WALK_MAX`]: GPU files above it were
+        /// not listed.
+        FdWalk = 7,
     }
 }
 

@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use tracer_common::{FdOp, GpuCloseRange, GpuFd, Loss, FD_CLOEXEC, FD_WALK_TRUNCATED};
+use tracer_common::{FdOp, GpuCloseRange, GpuFd, Loss, FD_CLOEXEC, FD_WALK_MAX, FD_WALK_TRUNCATED};
 
 use crate::{
     emit::{count_loss, current_ids, emit},
@@ -28,9 +28,6 @@ pub static GPU_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 /// programs. Kernel-maintained, seeded by user space with the holders found at start.
 #[map]
 pub static HOLDERS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
-
-/// Descriptors a process-exit or exec walk looks at; higher ones are not listed (flagged).
-const WALK_MAX_FDS: u32 = 256;
 
 const NR_OPEN: i32 = 2;
 const NR_OPENAT: i32 = 257;
@@ -66,9 +63,9 @@ pub fn gpu_file_at(fd: u32) -> Option<(FdTable, u64, u32)> {
     is_gpu_dev(dev).then_some((fdt, file, dev))
 }
 
-fn emit_fd(op: FdOp, fd: u32, fdt: FdTable, file: u64, dev: u32, extra_flags: u32) {
+fn emit_fd(op: u32, fd: u32, fdt: FdTable, file: u64, dev: u32, extra_flags: u32) {
     emit::<GpuFd>(|e| {
-        e.op = op as u32;
+        e.op = op;
         e.fd = fd as i32;
         e.dev = dev;
         e.flags = extra_flags | if fdt.cloexec(fd) { FD_CLOEXEC } else { 0 };
@@ -135,7 +132,7 @@ pub fn installed(op: FdOp, fd: u32) {
     }
     if let Some((fdt, file, dev)) = gpu_file_at(fd) {
         add_holder(current_ids().0);
-        emit_fd(op, fd, fdt, file, dev, 0);
+        emit_fd(op as u32, fd, fdt, file, dev, 0);
     }
 }
 
@@ -200,30 +197,59 @@ pub fn fd_close_range(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Lists the GPU descriptors of `task` (the current task) as `op` records.
+/// Lists the GPU descriptors of `task` (the current task) as `op` records, 64 descriptors of
+/// the open-descriptor bitmap at a time.
 pub fn walk(task: Task, op: FdOp) {
     let Some(fdt) = task.fdtable() else {
         return;
     };
     let max = fdt.max_fds();
-    for fd in 0..WALK_MAX_FDS {
-        if fd >= max {
-            return;
+    let words = max.min(FD_WALK_MAX).div_ceil(64);
+    for word in 0..FD_WALK_MAX / 64 {
+        if word >= words {
+            break;
         }
-        let file = fdt.file(fd);
-        if file != 0 {
-            let dev = file_dev(file);
-            if is_gpu_dev(dev) {
-                emit_fd(op, fd, fdt, file, dev, 0);
-            }
-        }
+        walk_fds_word(fdt.addr(), word, op as u32);
     }
-    if max > WALK_MAX_FDS {
-        // A marker so user space knows the listing may be incomplete.
+    if max > FD_WALK_MAX {
+        // Counted, so that incidents traced meanwhile say so, and marked, so that user space
+        // keeps what it knew of the descriptors the walk did not reach.
+        count_loss(Loss::FdWalk);
         emit::<GpuFd>(|e| {
             e.op = op as u32;
             e.fd = -1;
             e.flags = FD_WALK_TRUNCATED;
         });
     }
+}
+
+/// The GPU files among descriptors `64 * word` to `64 * word + 63` of the table at `fdt`, as
+/// `op` records. A global subprogram (exported, never inlined): the verifier checks it once on
+/// its own, where the walk's loop inlined would be checked once per word, past its
+/// instruction budget long before 1024 words. Numbers only as arguments: verifiers before
+/// 5.12 take nothing else but the context.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn walk_fds_word(fdt: u64, word: u32, op: u32) -> u32 {
+    let fdt = FdTable::at(fdt);
+    let slots = fdt.slots();
+    let mut open = fdt.open_word(word);
+    let mut fd = word.wrapping_mul(64);
+    for _ in 0..64 {
+        if open == 0 {
+            break;
+        }
+        if open & 1 != 0 {
+            // Within max_fds: the bitmap has no bit beyond it.
+            let file = slots.file(fd);
+            // Sockets, pipes and regular files have no device number: no map lookup for them.
+            let dev = if file == 0 { 0 } else { file_dev(file) };
+            if dev != 0 && is_gpu_dev(dev) {
+                emit_fd(op, fd, fdt, file, dev, 0);
+            }
+        }
+        open >>= 1;
+        fd = fd.wrapping_add(1);
+    }
+    0
 }

@@ -18,6 +18,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     fdtable_max_fds: 0,
     fdtable_fd: 0,
     fdtable_close_on_exec: 0,
+    fdtable_open_fds: 0,
     file_inode: 0,
     file_refcount: 0,
     file_refcount_bias: 0,
@@ -131,17 +132,39 @@ impl Task {
 pub struct FdTable(*const u8);
 
 impl FdTable {
+    /// The table at `addr`, an address passed as a number (to a global subprogram).
+    pub fn at(addr: u64) -> FdTable {
+        FdTable(addr as *const u8)
+    }
+
+    pub fn addr(self) -> u64 {
+        self.0 as u64
+    }
+
     pub fn max_fds(self) -> u32 {
         read::<u32>(self.0, offsets().fdtable_max_fds)
     }
 
     /// The `struct file *` at `fd`, or 0.
     pub fn file(self, fd: u32) -> u64 {
-        let fds = read::<u64>(self.0, offsets().fdtable_fd) as *const u8;
-        if fds.is_null() || fd >= self.max_fds() {
+        if fd >= self.max_fds() {
             return 0;
         }
-        read::<u64>(fds, fd.wrapping_mul(8))
+        self.slots().file(fd)
+    }
+
+    /// The `struct file *` array (`fdtable.fd`), read once for a walk of many descriptors.
+    pub fn slots(self) -> FdSlots {
+        FdSlots(read::<u64>(self.0, offsets().fdtable_fd) as *const u8)
+    }
+
+    /// Which of descriptors `64 * word` to `64 * word + 63` are open, one bit each.
+    pub fn open_word(self, word: u32) -> u64 {
+        let bits = read::<u64>(self.0, offsets().fdtable_open_fds) as *const u8;
+        if bits.is_null() {
+            return 0;
+        }
+        read::<u64>(bits, word.wrapping_mul(8))
     }
 
     pub fn cloexec(self, fd: u32) -> bool {
@@ -151,6 +174,19 @@ impl FdTable {
         }
         let word = read::<u64>(bits, (fd / 64).wrapping_mul(8));
         word >> (fd % 64) & 1 != 0
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct FdSlots(*const u8);
+
+impl FdSlots {
+    /// The `struct file *` at `fd` (below the table's `max_fds`), or 0.
+    pub fn file(self, fd: u32) -> u64 {
+        if self.0.is_null() {
+            return 0;
+        }
+        read::<u64>(self.0, fd.wrapping_mul(8))
     }
 }
 

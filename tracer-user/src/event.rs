@@ -290,6 +290,19 @@ pub enum LossKind {
     Helpers,
     /// Kernel stacks (stack map full).
     Stacks,
+    /// Walks of descriptor tables larger than `tracer_common::FD_WALK_MAX`: GPU files above it
+    /// were not listed.
+    FdWalk,
+}
+
+impl LossKind {
+    /// The name in JSON (`fd_walk`).
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default()
+    }
 }
 
 impl From<tracer_common::Loss> for LossKind {
@@ -303,6 +316,7 @@ impl From<tracer_common::Loss> for LossKind {
             K::Blocked => Self::Blocked,
             K::Helpers => Self::Helpers,
             K::Stacks => Self::Stacks,
+            K::FdWalk => Self::FdWalk,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Real processes doing to a stand-in GPU device what CUDA programs and their children do:
-//! open, dup, fork, exec, close, share descriptor tables, pass descriptors over sockets. The integration tests trace them.
+//! open, dup, fork, exec, close, share descriptor tables, pass descriptors over sockets,
+//! hold thousands of other descriptors. The integration tests trace them.
 //!
-//! Usage: linger-fd-scenario DEVICE SCENARIO. Prints `ready PID...` once set up, then waits to
-//! be killed.
+//! Usage: linger-fd-scenario DEVICE SCENARIO [ARG]. Prints `ready PID...` once set up, then
+//! waits to be killed.
 
 use std::{
     env,
@@ -18,6 +19,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use nix::{
     fcntl::{fcntl, FcntlArg, FdFlag},
+    sys::resource::{getrlimit, setrlimit, Resource},
     sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags},
 };
 
@@ -57,6 +59,28 @@ fn main() -> Result<()> {
                 .context("spawning the holder")?;
             ready(&[child.id()])?;
             wait_forever(f)
+        }
+        // A large program's GPU file: FILLERS descriptors (/dev/null) opened before the
+        // device, as sockets and files are before CUDA starts. Once told to go (a line on
+        // stdin), a child it forks and execs keeps the file.
+        "many-fds" => {
+            let fillers: u64 = rest.first().context("many-fds FILLERS")?.parse()?;
+            let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+            let limit = fillers + 64;
+            setrlimit(Resource::RLIMIT_NOFILE, soft.max(limit), hard.max(limit))?;
+            let fillers = (0..fillers)
+                .map(|_| File::open("/dev/null"))
+                .collect::<std::io::Result<Vec<File>>>()?;
+            let f = open(device, false)?;
+            ready(&[])?;
+            std::io::stdin().read_line(&mut String::new())?;
+            let child = Command::new(env::current_exe()?)
+                .args([device, "hold"])
+                .stdout(Stdio::null())
+                .spawn()
+                .context("spawning the holder")?;
+            ready(&[child.id()])?;
+            wait_forever((fillers, f))
         }
         // The descriptor goes to a process that never inherited or opened it, over a unix
         // socket (SCM_RIGHTS): no system call a tracepoint sees gives it the file.

@@ -438,6 +438,7 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Blocked => "blocked",
         LossKind::Helpers => "helpers",
         LossKind::Stacks => "stacks",
+        LossKind::FdWalk => "fd_walk",
     }
 }
 

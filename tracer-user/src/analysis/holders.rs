@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
+use tracer_common::FD_WALK_MAX;
 
 use super::{id_map::IdMap, memory::ImportVia};
 use crate::event::{DriverFunc, Event, EventData, FdOp, ProcInfo};
@@ -191,6 +192,7 @@ impl Holders {
                 refcount,
             } => {
                 if *truncated {
+                    self.walk_stopped(e.pid, *op);
                     return;
                 }
                 if *fd < 0 {
@@ -332,6 +334,37 @@ impl Holders {
                         .collect()
                 })
                 .unwrap_or_default(),
+        }
+    }
+
+    /// A walk of `pid`'s table ended at `FD_WALK_MAX` (a loss the kernel counts): what was
+    /// known of the descriptors above stays, where an exec walk would drop what it did not
+    /// list, and an exit walk would list only what it saw.
+    fn walk_stopped(&mut self, pid: u32, op: FdOp) {
+        let above = |fd: &i32| *fd >= FD_WALK_MAX as i32;
+        match op {
+            FdOp::HeldAtExec => {
+                if let Some(pending) = self.exec_pending.get_mut(&pid) {
+                    pending.retain(|fd| !above(fd));
+                }
+            }
+            FdOp::HeldAtExit => {
+                let Some(p) = self.procs.get(&pid) else {
+                    return;
+                };
+                let unseen = p
+                    .fds
+                    .iter()
+                    .filter(|(fd, _)| above(fd))
+                    .map(|(&fd, f)| HeldFile {
+                        fd,
+                        file: f.file,
+                        dev: f.dev,
+                        refcount: 0,
+                    });
+                self.dying.entry(pid).or_default().extend(unseen);
+            }
+            _ => {}
         }
     }
 
@@ -557,6 +590,46 @@ mod tests {
         assert_eq!(h.holders_of(&[file], 10).len(), 1, "another CPU's record");
         h.on_event(&on(3, ev(12, 5, EventData::BenchTick)));
         assert!(h.holders_of(&[file], 10).is_empty());
+    }
+
+    /// A walk's marker: it stopped at `FD_WALK_MAX`.
+    fn stopped(op: FdOp) -> EventData {
+        EventData::GpuFd {
+            op,
+            fd: -1,
+            dev: 0,
+            cloexec: false,
+            truncated: true,
+            file: 0,
+            refcount: 0,
+        }
+    }
+
+    /// Walks of tables larger than they reach: an exec walk keeps what it could not see, an
+    /// exit walk adds it to what it saw, and what it did not list below its end is gone.
+    #[test]
+    fn a_walk_that_stopped_keeps_the_descriptors_above_its_end() {
+        let mut h = Holders::default();
+        let (low, high) = (0xffff_0000_0000_5000, 0xffff_0000_0000_6000);
+        let top = FD_WALK_MAX as i32 + 7;
+        h.on_event(&ev(10, 1, fd(FdOp::Open, 3, low)));
+        h.on_event(&ev(10, 1, fd(FdOp::Dup, 4, low)));
+        h.on_event(&ev(10, 1, fd(FdOp::Open, top, high)));
+        h.on_event(&fork(10, 11, 2));
+        h.on_event(&ev(11, 3, EventData::Exec { comm: "c".into() }));
+        h.on_event(&ev(11, 4, fd(FdOp::HeldAtExec, 3, low)));
+        h.on_event(&ev(11, 4, stopped(FdOp::HeldAtExec)));
+        h.on_event(&ev(11, 5, EventData::BenchTick));
+        let held = h.holders_of(&[low, high], 10);
+        assert_eq!(
+            held[0].fds,
+            vec![3, top],
+            "4 closed on exec, {top} not seen"
+        );
+        h.on_event(&ev(10, 6, fd(FdOp::HeldAtExit, 3, low)));
+        h.on_event(&ev(10, 6, stopped(FdOp::HeldAtExit)));
+        let died: Vec<i32> = h.group_died(10).iter().map(|f| f.fd).collect();
+        assert_eq!(died, vec![3, top], "4 closed untraced, {top} not seen");
     }
 
     fn fput(file: u64) -> EventData {

@@ -202,7 +202,7 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         let lost: Vec<String> = inc
             .losses
             .iter()
-            .map(|l| format!("{} {:?}", l.count, l.what).to_lowercase())
+            .map(|l| format!("{} {}", l.count, l.what.name()))
             .collect();
         return Some(Verdict {
             kind: VerdictKind::Incomplete,

@@ -179,6 +179,10 @@ impl<'a, W: Write> Report<'a, W> {
             let what = match what {
                 LossKind::Ring => "record(s): ring buffer full".to_string(),
                 LossKind::Stacks => "kernel stack(s): stack map full or a collision".to_string(),
+                LossKind::FdWalk => format!(
+                    "listing(s) of GPU files above descriptor {} (a table walk stops there)",
+                    tracer_common::FD_WALK_MAX
+                ),
                 other => format!("{other:?} map insert(s): map full").to_lowercase(),
             };
             eprintln!("linger: the kernel lost {count} {what}");

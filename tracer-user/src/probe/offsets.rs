@@ -32,6 +32,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
         fdtable_max_fds: member_offset(btf, "fdtable", "max_fds")?,
         fdtable_fd: member_offset(btf, "fdtable", "fd")?,
         fdtable_close_on_exec: member_offset(btf, "fdtable", "close_on_exec")?,
+        fdtable_open_fds: member_offset(btf, "fdtable", "open_fds")?,
         file_inode: member_offset(btf, "file", "f_inode")?,
         file_refcount,
         file_refcount_bias,

@@ -156,7 +156,7 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
     if !facts.is_empty() {
         let lost: Vec<String> = facts
             .iter()
-            .map(|l| format!("{} {}", l.count, loss_name(l.what)))
+            .map(|l| format!("{} {}", l.count, l.what.name()))
             .collect();
         let _ = writeln!(
             s,
@@ -550,13 +550,6 @@ fn unseen_subjects(unseen: &[String]) -> String {
         .map(|u| u.split_once(':').map_or(u.as_str(), |(subject, _)| subject))
         .collect();
     e(&subjects.join("; ")).into_owned()
-}
-
-fn loss_name(what: LossKind) -> String {
-    serde_json::to_value(what)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default()
 }
 
 fn ms(v: f64) -> String {
