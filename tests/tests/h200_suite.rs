@@ -524,12 +524,28 @@ fn perfetto_export_of_an_h200_kill_is_a_valid_timeline() {
         .any(|e| e["name"] == "RM_ALLOC" && e["pid"] == *pid && e["args"]["size"] == 16u64 << 30));
 }
 
-/// Fields this linger adds to an incident that the newest passes' live output predates, each
-/// with the change that added it: none since pass14 and lean5.
-const LATER_FIELDS: &[&str] = &[];
+/// Where this linger's answer differs from what the newest passes printed live, on purpose:
+/// (pass, scenario, the fields that differ as JSON pointers, why).
+const CHANGED: &[(&str, &str, &[&str], &str)] = &[(
+    "pass14",
+    "kill-storm",
+    &[
+        "/gpu/t_memory_back_ns",
+        "/gpu/memory_back_by",
+        "/gpu/evidence",
+        "/gpu/gpus/0/t_memory_back_ns",
+        "/verdict/hint",
+    ],
+    "issue 32: a victim whose NVML account came more than 2 ms after its own release by the \
+     kernel, with no reading since listing it and no import in its driver calls, is timed by \
+     that release (`confirmed`): 5 of the 12, NVML 4-130 ms late",
+)];
 
-/// The last record of each incident, by incident id, without `LATER_FIELDS`.
-fn last_records<'a>(records: impl Iterator<Item = &'a Value>) -> Vec<(u64, Value)> {
+/// The last record of each incident, by incident id, without the fields `changed` names.
+fn last_records<'a>(
+    records: impl Iterator<Item = &'a Value>,
+    changed: &[&str],
+) -> Vec<(u64, Value)> {
     let mut last = std::collections::BTreeMap::new();
     for r in records.filter(|r| {
         r["type"]
@@ -537,8 +553,11 @@ fn last_records<'a>(records: impl Iterator<Item = &'a Value>) -> Vec<(u64, Value
             .is_some_and(|t| t.starts_with("incident"))
     }) {
         let mut r = r.clone();
-        for f in LATER_FIELDS {
-            r.as_object_mut().expect("an object").remove(*f);
+        for pointer in changed {
+            let (parent, key) = pointer.rsplit_once('/').expect("a JSON pointer");
+            if let Some(o) = r.pointer_mut(parent).and_then(Value::as_object_mut) {
+                o.remove(key);
+            }
         }
         last.insert(ns(&r, "/id"), r);
     }
@@ -557,8 +576,12 @@ fn the_newest_passes_replay_to_what_live_printed() {
         assert_eq!(all.len(), 16, "{pass}: every scenario");
         for s in all {
             let live = json_lines(&dir.join(format!("{}.jsonl.zst", s.name)));
-            let replayed = last_records(s.lines.iter().filter(|l| l["type"] != "event"));
-            let printed = last_records(live.iter());
+            let changed = CHANGED
+                .iter()
+                .find(|(p, name, _, _)| *p == pass && *name == s.name)
+                .map_or(&[][..], |c| c.2);
+            let replayed = last_records(s.lines.iter().filter(|l| l["type"] != "event"), changed);
+            let printed = last_records(live.iter(), changed);
             assert!(!printed.is_empty(), "{pass}/{}: no incident", s.name);
             assert_eq!(replayed, printed, "{pass}/{}", s.name);
         }

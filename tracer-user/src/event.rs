@@ -296,6 +296,15 @@ pub enum LossKind {
 }
 
 impl LossKind {
+    /// Whether records lost this way may have named a holder of GPU files or a close of one
+    /// (the teardown sampler's losses only thin its phases).
+    pub fn hides_holders(self) -> bool {
+        matches!(
+            self,
+            Self::Ring | Self::Tracked | Self::Holders | Self::FdWalk
+        )
+    }
+
     /// The name in JSON (`fd_walk`).
     pub fn name(self) -> String {
         serde_json::to_value(self)

@@ -36,6 +36,9 @@ const RESULT_IGNORED: i32 = 1;
 /// A dead process with memory held elsewhere is reported once reaped, or this long after its
 /// death when nobody reaps it.
 const HELD_REPORT_NS: u64 = 50_000_000;
+/// NVML's account of a return this much after the kernel's confirmed release is late: its
+/// readings queue behind the driver during teardowns, and other jobs move the device's figure.
+const NVML_LATE_NS: u64 = 2_000_000;
 /// How long after a teardown's own release NVML's readings may still be catching up.
 const IN_FLIGHT_NS: u64 = 200_000_000;
 
@@ -142,6 +145,9 @@ pub struct Correlator {
     self_pid: Option<u32>,
     /// `--lean`: opens are not traced, so a process not known to hold GPU files may.
     pub(super) lean: bool,
+    /// Driver calls are traced (not `--lean`, not `--no-ioctls`): an import of a victim's
+    /// memory shows in the ledger.
+    ioctls_traced: bool,
     /// What the strategy could not see, for the incidents of GPU processes.
     pub(super) unseen: Vec<String>,
     /// Boxed: a B-tree node shifts its entries on every insert and removal, and a case is
@@ -196,6 +202,7 @@ impl Correlator {
             EventData::Strategy(s) => {
                 // Opens are not all traced: a process not known to hold GPU files may.
                 self.lean = s.lean || !s.libraries.is_empty();
+                self.ioctls_traced = !s.lean && s.hooks.iter().any(|h| h.contains("ioctl"));
                 self.unseen = s.unseen.clone();
                 self.agenda.touch_all();
             }
@@ -1205,23 +1212,48 @@ impl Correlator {
         }
     }
 
-    /// When the memory of a dead case was back, and what says so: NVML where it reads, else
-    /// the kernel (its own release, or its last other holder's).
+    /// When the memory of a dead case was back, and what says so: NVML where it reads (or,
+    /// when earlier, the kernel's release that NVML confirms), else the kernel (its own
+    /// release, or its last other holder's).
     pub(super) fn back(&self, id: u64) -> Option<(u64, Source)> {
         let c = self.cases.get(&id)?;
         if self.nvml.is_some() {
-            return self.memory.back_ns(id).map(|t| (t, Source::Nvml));
+            let nvml = self.memory.back_ns(id);
+            let confirmed = self.confirmed_release(id, c);
+            // NVML's own account where it came with the kernel's release; the confirmed
+            // release where NVML's waits on other jobs' memory or its lagging readings.
+            return match (nvml, confirmed) {
+                (Some(n), Some(k)) if n > k + NVML_LATE_NS => Some((k, Source::Confirmed)),
+                (Some(n), _) => Some((n, Source::Nvml)),
+                (None, k) => k.map(|k| (k, Source::Confirmed)),
+            };
         }
+        Some((self.last_release(c)?, Source::Kernel))
+    }
+
+    /// The kernel's release of the last reference to a case's GPU files: its own, or its
+    /// last other holder's; None while someone (known or not) still holds them.
+    fn last_release(&self, c: &Case) -> Option<u64> {
         // References nobody known accounts for: someone unseen still holds the files.
         if c.unaccounted > 0 {
             return None;
         }
         let own = c.kernel_release?.0;
-        let others = c
-            .holder_gone
+        c.holder_gone
             .values()
-            .try_fold(own, |t, g| g.map(|g| t.max(g)))?;
-        Some((others, Source::Kernel))
+            .try_fold(own, |t, g| g.map(|g| t.max(g)))
+    }
+
+    /// The kernel's last release of a victim's files, once NVML confirms it: no reading since
+    /// lists the pid, and its driver calls show nothing of its memory imported elsewhere.
+    /// Other jobs allocating and freeing at the same moment move the device's used memory
+    /// that NVML's own account of the return waits for; this evidence is the victim's alone.
+    fn confirmed_release(&self, id: u64, c: &Case) -> Option<u64> {
+        if !self.ioctls_traced {
+            return None;
+        }
+        let t = self.last_release(c)?;
+        self.memory.unlisted_since(id, t).then_some(t)
     }
 
     fn state(&self, id: u64) -> Option<Reported> {

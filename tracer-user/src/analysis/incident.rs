@@ -167,6 +167,10 @@ pub enum Source {
     /// The kernel: the last reference to the GPU files went (driver hooks, or the zombie
     /// transition as an upper bound), without NVML to confirm.
     Kernel,
+    /// The kernel's release of the last reference, confirmed by NVML no longer listing the
+    /// pid and by its driver calls showing no import: where other jobs' allocations keep the
+    /// device's used memory from saying so, or NVML said so later.
+    Confirmed,
     /// The driver hooks timed the exit path's `__fput` of the last GPU file.
     Fput,
     /// The zombie transition (SIGCHLD to the parent), which follows the exit path's release of

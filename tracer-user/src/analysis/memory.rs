@@ -323,6 +323,28 @@ impl MemoryBook {
         self.watches.get(&key)
     }
 
+    /// Whether victim `key`'s own memory is nowhere else by NVML's and the ledger's account:
+    /// a reading at or after `t_ns` on each GPU it was listed on (on every GPU, where it never
+    /// was) no longer lists it, and nothing of it was imported.
+    pub fn unlisted_since(&self, key: u64, t_ns: u64) -> bool {
+        let Some(w) = self.watches.get(&key) else {
+            return false;
+        };
+        if !matches!(w.role, Role::Own { .. })
+            || !w.known_importers.is_empty()
+            || w.residuals().next().is_some()
+        {
+            return false;
+        }
+        let read_since = |gpu: &u32| self.last.get(gpu).is_some_and(|(_, at)| *at >= t_ns);
+        if w.devices.is_empty() {
+            return !self.last.is_empty() && self.last.keys().all(read_since);
+        }
+        w.devices
+            .iter()
+            .all(|(gpu, d)| !d.listed && read_since(gpu))
+    }
+
     /// When the memory of watch `key` was all back, following aliases.
     pub fn back_ns(&self, key: u64) -> Option<u64> {
         let w = self.watches.get(&key)?;

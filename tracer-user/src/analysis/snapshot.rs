@@ -78,6 +78,14 @@ impl Correlator {
                 gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
             }
             gpu.gpus = self.gpu_parts(id, &gpu.files, &c.ledger_parts);
+            if let Some((k, Source::Confirmed)) = back {
+                // The kernel released the files, and with them every GPU's part, at once.
+                gpu.released_bytes = gpu.share_bytes;
+                for p in &mut gpu.gpus {
+                    p.t_memory_back_ns = Some(k);
+                    p.released_bytes = p.share_bytes;
+                }
+            }
             // The ledger's bytes on the GPUs NVML lists it on (all of them, in a trace
             // recorded before the ledger placed memory).
             let ledger_listed = if c.ledger_parts.is_empty() {
@@ -436,6 +444,13 @@ impl Correlator {
                     }
                 }
             }
+            Some((b, Source::Confirmed)) => out.push(format!(
+                "memory back at +{:.1} ms: its last holder's release by the kernel's account, with \
+                 no NVML reading since listing pid {} and no import in its driver calls (the \
+                 device's used memory moves with other jobs too)",
+                ms(b),
+                inc.target.pid
+            )),
             Some((b, _)) => out.push(format!(
                 "memory back at +{:.1} ms by the kernel's account: its last holder's release (no \
                  NVML reading to confirm it)",

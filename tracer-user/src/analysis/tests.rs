@@ -57,6 +57,15 @@ impl Run {
         self.feed(0, 0.0, EventData::Strategy(strategy));
     }
 
+    /// Tracing the driver's calls (the default mode's system call tracepoints).
+    fn ioctls_traced(&mut self) {
+        let strategy = crate::event::Strategy {
+            hooks: vec!["tracepoint/syscalls/sys_exit_ioctl".into()],
+            ..Default::default()
+        };
+        self.feed(0, 0.0, EventData::Strategy(strategy));
+    }
+
     fn tick(&mut self, t_ms: f64) {
         self.feed(0, t_ms, EventData::Tick);
     }
@@ -721,4 +730,49 @@ fn memory_only_the_ledger_saw_on_a_gpu_is_awaited_there() {
     r.tick(11_200.0);
     let update = r.last_of(10);
     assert_eq!(back(update), Some(11_120_000_000));
+}
+
+/// A busy node: a new job, not listed by NVML yet, takes 4 GiB just as the victim's 4 GiB
+/// come back, so the device's used memory never falls by the victim's share. The kernel's
+/// release of its files, once NVML no longer lists it and its driver calls show no import,
+/// says when it was back; while NVML still lists it, nothing does.
+#[test]
+fn a_return_hidden_by_another_jobs_allocation_is_the_kernels_release_nvml_confirms() {
+    for traced in [true, false] {
+        let mut r = Run::new();
+        if traced {
+            r.ioctls_traced();
+        }
+        r.nvml(0.0, GIB / 2, &[]);
+        r.holder(10, 0, 100.0);
+        r.nvml(200.0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
+        r.kill(SHELL, 10, 9, 300.0);
+        r.die(10, &[FILE], 300.1, 9);
+        r.nvml(301.0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
+        r.zombie_and_reap(10, 420.0);
+        r.nvml(420.5, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
+        r.tick(421.0);
+        assert!(
+            r.incidents().iter().all(|i| back(i).is_none()),
+            "NVML still lists it"
+        );
+        r.nvml(425.0, 4 * GIB + GIB / 2, &[]);
+        r.tick(500.0);
+        if traced {
+            let inc = r.last_of(10);
+            let gpu = inc.gpu.as_ref().expect("gpu");
+            assert_eq!(verdict(inc), VerdictKind::Released);
+            assert_eq!(back(inc), Some(420_000_000));
+            assert_eq!(gpu.memory_back_by, Some(Source::Confirmed));
+            assert_eq!(gpu.released_bytes, 4 * GIB);
+        } else {
+            // Without its driver calls an import cannot be ruled out: NVML's account alone,
+            // which the other job's allocation holds up.
+            assert!(
+                r.incidents().iter().all(|i| back(i).is_none()),
+                "{:?}",
+                r.out
+            );
+        }
+    }
 }

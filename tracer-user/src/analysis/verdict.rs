@@ -198,9 +198,15 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
             ),
         })
         .collect();
-    if !inc.losses.is_empty() && gpu.memory_back_by != Some(Source::Nvml) {
-        let lost: Vec<String> = inc
-            .losses
+    // Records that may have named a holder or a close were lost: the kernel's account of the
+    // release cannot be trusted alone (lost stack samples only thin the teardown's phases).
+    let hiding: Vec<_> = inc
+        .losses
+        .iter()
+        .filter(|l| l.what.hides_holders())
+        .collect();
+    if !hiding.is_empty() && gpu.memory_back_by != Some(Source::Nvml) {
+        let lost: Vec<String> = hiding
             .iter()
             .map(|l| format!("{} {}", l.count, l.what.name()))
             .collect();

@@ -327,6 +327,10 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             "memory back at +{} (NVML)",
             ms(inc.ms_after_signal(t))
         )),
+        (Some(t), Some(Source::Confirmed)) => steps.push(format!(
+            "memory back at +{} (kernel; NVML no longer lists it)",
+            ms(inc.ms_after_signal(t))
+        )),
         (Some(t), _) => steps.push(format!(
             "memory back at +{} (kernel: no NVML to confirm)",
             ms(inc.ms_after_signal(t))
