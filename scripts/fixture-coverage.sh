@@ -5,13 +5,13 @@
 # How the suite's fixtures were chosen (scripts/h200/suite/README.md); run it over a new pass
 # and the committed fixtures before committing the new pass.
 #
-# usage: [KEEP='suite/pass14/ suite/lean5/'] bash scripts/fixture-coverage.sh [DIR...]
+# usage: [KEEP='suite/pass15/ suite/lean6/'] bash scripts/fixture-coverage.sh [DIR...]
 #        (DIR defaults to tests/data/h200; KEEP lists path prefixes, relative to DIR, kept whole)
 # needs: rustup's llvm-tools (`rustup component add llvm-tools`), the eBPF toolchain (cargo xtask setup)
 set -eu
 cd "$(dirname "$0")/.."
 DIRS=${*:-tests/data/h200}
-KEEP=${KEEP:-suite/pass14/ suite/lean5/ suite/xid/ campaign/ agent/ agent-flight/ storms/}
+KEEP=${KEEP:-suite/pass15/ suite/lean6/ suite/xid/ campaign/ agent/ agent-flight/ storms/}
 OUT=target/coverage/replays
 TOOLS=$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin
 BIN=target/coverage/release/linger

@@ -1,7 +1,7 @@
 //! The H200 scenario suite (scripts/h200/suite), replayed: every recorded kill situation must
 //! get the right verdict, holders and termination mode, and its memory's return within 2 ms of
 //! the suite's own independent NVML poll (truth.jsonl.zst beside the recordings). The newest
-//! pass of each mode is kept whole (pass14 in the default mode, lean5 with `--lean`, and the
+//! pass of each mode is kept whole (pass15 in the default mode, lean6 with `--lean`, and the
 //! GPU-fault pass xid); of the older passes, whose timing and builds differed, only the
 //! scenarios whose replay reaches code the newest do not (scripts/fixture-coverage.sh).
 
@@ -22,7 +22,7 @@ const AT_ONCE_NS: u64 = 100_000_000;
 /// ... or this soon after the first NVML reading that shows it gone (a tick and a little).
 const AFTER_READING_NS: u64 = 25_000_000;
 /// The newest pass of each mode, whose live output is kept beside its recordings.
-const NEWEST: [&str; 2] = ["pass14", "lean5"];
+const NEWEST: [&str; 2] = ["pass15", "lean6"];
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
@@ -525,21 +525,9 @@ fn perfetto_export_of_an_h200_kill_is_a_valid_timeline() {
 }
 
 /// Where this linger's answer differs from what the newest passes printed live, on purpose:
-/// (pass, scenario, the fields that differ as JSON pointers, why).
-const CHANGED: &[(&str, &str, &[&str], &str)] = &[(
-    "pass14",
-    "kill-storm",
-    &[
-        "/gpu/t_memory_back_ns",
-        "/gpu/memory_back_by",
-        "/gpu/evidence",
-        "/gpu/gpus/0/t_memory_back_ns",
-        "/verdict/hint",
-    ],
-    "issue 32: a victim whose NVML account came more than 2 ms after its own release by the \
-     kernel, with no reading since listing it and no import in its driver calls, is timed by \
-     that release (`confirmed`): 5 of the 12, NVML 4-130 ms late",
-)];
+/// (pass, scenario, the fields that differ as JSON pointers, why). None since pass15 and lean6
+/// (2026-12-04, the build that confirms releases by the kernel's account, issue 32).
+const CHANGED: &[(&str, &str, &[&str], &str)] = &[];
 
 /// The last record of each incident, by incident id, without the fields `changed` names.
 fn last_records<'a>(

@@ -11,7 +11,7 @@ fn the_readmes_sample_is_the_replay_of_its_recording() {
     let sample = &readme[start..start + readme[start..].find("```").expect("its end")];
     let out = linger()
         .args(["replay"])
-        .arg(h200().join("suite/pass14/ipc-import.trace"))
+        .arg(h200().join("suite/pass15/ipc-import.trace"))
         .env("TZ", "UTC")
         .output()
         .expect("linger replay");

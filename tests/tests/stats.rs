@@ -160,12 +160,12 @@ fn the_table_matches_an_independent_count_of_the_incidents() {
 fn a_trace_and_its_live_output_count_each_incident_once() {
     // The newest pass as the suite wrote it: each recording beside its live log.
     let tmp = TempDir::new("stats-pass");
-    let logs_only = live_logs(tmp.path(), &["pass14"]);
-    let dir = tmp.path().join("pass14");
+    let logs_only = live_logs(tmp.path(), &["pass15"]);
+    let dir = tmp.path().join("pass15");
     for log in &logs_only {
         let name = log.with_extension("trace");
         let name = name.file_name().expect("name").to_string_lossy();
-        copy(&format!("pass14/{name}"), &dir, &name);
+        copy(&format!("pass15/{name}"), &dir, &name);
     }
     let (both, stderr) = stats(&["--json"], std::slice::from_ref(&dir));
     let (logs, _) = stats(&["--json"], &logs_only);
@@ -197,18 +197,18 @@ fn a_trace_is_told_by_its_contents_whatever_its_name() {
     let tmp = TempDir::new("stats-names");
     // Named `*.lgr` as docs/trace-format.md has it, named nothing telling, and found in a
     // directory under a name no trace has.
-    let lgr = copy("pass14/forked-holder.trace", tmp.path(), "x.lgr");
-    let bare = copy("pass14/kill-storm.trace", tmp.path(), "recording");
+    let lgr = copy("pass15/forked-holder.trace", tmp.path(), "x.lgr");
+    let bare = copy("pass15/kill-storm.trace", tmp.path(), "recording");
     let found = tmp.path().join("found");
     std::fs::create_dir(&found).expect("folder");
-    copy("pass14/oom.trace", &found, "run.data");
+    copy("pass15/oom.trace", &found, "run.data");
     for (input, run) in [(lgr, "forked-holder"), (bare, "kill-storm"), (found, "oom")] {
         let (report, stderr) = stats(&["--json"], std::slice::from_ref(&input));
         assert!(stderr.is_empty(), "{}: {stderr}", input.display());
         assert_eq!(report["inputs"][0]["kind"], "trace", "{report}");
-        // The live output of the same run, counted here independently (pass14 replays
+        // The live output of the same run, counted here independently (pass15 replays
         // byte-identical to live).
-        let want = expected(&[suite().join(format!("pass14/{run}.jsonl.zst"))]);
+        let want = expected(&[suite().join(format!("pass15/{run}.jsonl.zst"))]);
         assert!(!want.is_empty(), "{run}");
         assert_figures(&report, &want);
     }
@@ -240,7 +240,7 @@ fn files_that_are_neither_trace_nor_log_are_said_and_skipped() {
     let empty = tmp.path().join("empty.jsonl");
     std::fs::write(&empty, "").expect("empty");
     let log = copy(
-        "pass14/kill-storm.jsonl.zst",
+        "pass15/kill-storm.jsonl.zst",
         tmp.path(),
         "kill-storm.jsonl",
     );
@@ -275,12 +275,12 @@ fn files_that_are_neither_trace_nor_log_are_said_and_skipped() {
 #[test]
 fn a_trace_and_its_live_log_count_once_from_the_trace_whatever_the_order() {
     let tmp = TempDir::new("stats-both");
-    let trace = copy("pass14/kill-storm.trace", tmp.path(), "campaign.lgr");
+    let trace = copy("pass15/kill-storm.trace", tmp.path(), "campaign.lgr");
     // The live log of the same run with every release 1 s later: the figures say whose
     // records were used.
     let log = tmp.path().join("incidents.jsonl");
     let live =
-        String::from_utf8(decompressed(&suite().join("pass14/kill-storm.jsonl.zst"))).expect("log");
+        String::from_utf8(decompressed(&suite().join("pass15/kill-storm.jsonl.zst"))).expect("log");
     let shifted: String = live
         .lines()
         .map(|l| {
@@ -334,13 +334,13 @@ fn damaged_inputs_are_reported_and_skipped() {
     let dir = TempDir::new("stats-damaged");
     let tmp = dir.path();
     let text = String::from_utf8(decompressed(
-        &suite().join("pass14/forked-holder.jsonl.zst"),
+        &suite().join("pass15/forked-holder.jsonl.zst"),
     ))
     .expect("log");
     // A log cut mid-line, and a trace file cut in half.
     let cut = tmp.join("cut.jsonl");
     std::fs::write(&cut, &text[..text.len() - 40]).expect("cut log");
-    let trace = std::fs::read(suite().join("pass14/forked-holder.trace")).expect("trace");
+    let trace = std::fs::read(suite().join("pass15/forked-holder.trace")).expect("trace");
     let half = tmp.join("half.trace");
     std::fs::write(&half, &trace[..trace.len() / 2]).expect("half trace");
     let junk = tmp.join("junk.trace");
@@ -366,7 +366,7 @@ fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
     let tmp = dir.path();
     let svg = tmp.join("release.svg");
     let _ = std::fs::remove_file(&svg);
-    let files = live_logs(tmp, &["pass14"]);
+    let files = live_logs(tmp, &["pass15"]);
     let mut args = vec!["--json", "--svg", svg.to_str().expect("UTF-8")];
     let (report, _) = stats(&args, &files);
     let text = std::fs::read_to_string(&svg).expect("the SVG");

@@ -46,9 +46,16 @@ def context():
     check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def hold_past(pid, seconds):
-    """Keeps going until `pid` is gone, then `seconds` more."""
-    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+    """Keeps going until `pid` is dead (a zombie or gone), then `seconds` more."""
+    while alive(pid):
         time.sleep(0.01)
     time.sleep(seconds)
 
