@@ -382,13 +382,14 @@ fn lean_mode_attaches_no_syscall_hook_and_still_names_the_holder() {
 /// by a child forked and exec'ed after linger started: the child's exec walk and the parent's
 /// exit walk list every descriptor, not only the first few hundred.
 fn a_holder_of_a_file_above_many_descriptors_is_named(name: &str, extra: &[&str]) {
-    let device = stand_in_device(name);
+    let dir = TempDir::new(name);
+    let device = stand_in_device(dir.path());
     let mut s = FdScenario::start_with(SCENARIO, &device, &["many-fds", "1500"]);
-    let live = Live::start(&device, extra);
+    let mut live = live_on(&device, extra);
     s.go();
     let (parent, child) = (s.pids[0], s.pids[1]);
     s.kill();
-    let (incident, events) = live.until_incident(parent);
+    let (incident, events) = live.until("incident", parent);
     let holders = incident["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 1, "{incident}");
     assert_eq!(holders[0]["pid"], child, "{incident}");
