@@ -15,7 +15,10 @@ KEEP=${KEEP:-suite/pass15/ suite/lean6/ suite/xid/ campaign/ agent/ agent-flight
 OUT=target/coverage/replays
 TOOLS=$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin
 BIN=target/coverage/release/linger
-PATH=$(cargo run -q -p xtask -- setup >/dev/null && echo "$HOME/.cache/linger/bpf-linker/bin"):$PATH \
+# xtask setup puts bpf-linker under ~/.cache/linger/<the pinned nightly>/ (tracer-user/ebpf-toolchain.rs).
+NIGHTLY=$(sed -n 's/.*"\(nightly-[0-9-]*\)".*/\1/p' tracer-user/ebpf-toolchain.rs)
+cargo run -q -p xtask -- setup
+PATH=${LINGER_TOOLCHAIN_DIR:-$HOME/.cache/linger}/$NIGHTLY/bpf-linker/bin:$PATH \
   CARGO_TARGET_DIR=target/coverage LLVM_PROFILE_FILE=/dev/null \
   CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C instrument-coverage" \
   cargo build -q --release -p tracer-user --bin linger
