@@ -51,13 +51,7 @@ fn main() -> Result<()> {
         // holder that does nothing but keep it).
         "fork-holder" => {
             let f = open(device, false)?;
-            let child = Command::new(env::current_exe()?)
-                .args([device, "hold"])
-                // Only the parent's `ready` line goes to the test.
-                .stdout(Stdio::null())
-                .spawn()
-                .context("spawning the holder")?;
-            ready(&[child.id()])?;
+            ready(&[spawn_holder(device)?])?;
             wait_forever(f)
         }
         // A large program's GPU file: FILLERS descriptors (/dev/null) opened before the
@@ -74,12 +68,7 @@ fn main() -> Result<()> {
             let f = open(device, false)?;
             ready(&[])?;
             std::io::stdin().read_line(&mut String::new())?;
-            let child = Command::new(env::current_exe()?)
-                .args([device, "hold"])
-                .stdout(Stdio::null())
-                .spawn()
-                .context("spawning the holder")?;
-            ready(&[child.id()])?;
+            ready(&[spawn_holder(device)?])?;
             wait_forever((fillers, f))
         }
         // The descriptor goes to a process that never inherited or opened it, over a unix
@@ -193,6 +182,18 @@ fn open(device: &str, cloexec: bool) -> Result<File> {
         fcntl(&f, FcntlArg::F_SETFD(FdFlag::empty()))?;
     }
     Ok(f)
+}
+
+/// Forks and execs this program as a holder that only keeps the inherited descriptors;
+/// returns its pid.
+fn spawn_holder(device: &str) -> Result<u32> {
+    let child = Command::new(env::current_exe()?)
+        .args([device, "hold"])
+        // Only the parent's `ready` line goes to the test.
+        .stdout(Stdio::null())
+        .spawn()
+        .context("spawning the holder")?;
+    Ok(child.id())
 }
 
 fn ready(children: &[u32]) -> Result<()> {
