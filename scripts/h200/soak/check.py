@@ -114,6 +114,27 @@ def main():
                   f"{end.get('lingering', 0) / 1e9:12.2f}")
             prev = end
         print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")
+        cost_by_part(metrics, minute, "parts", "the agent's CPU ms per kill, by part of its work")
+        cost_by_part(metrics, minute, "threads", "the agent's CPU ms per kill, by thread (/proc)")
+
+
+def cost_by_part(metrics, minute, key, title):
+    """Per minute, each part's CPU time per kill (from the agent's own counters or /proc)."""
+    names = sorted({p for m in metrics for p in m.get(key, {})})
+    if not names:
+        return
+    print(title)
+    print("minute " + " ".join(f"{n[:12]:>12}" for n in names))
+    prev = metrics[0]
+    for n, ms in sorted(minute.items()):
+        end = ms[-1]
+        k = end["kills"] - prev["kills"]
+        cells = []
+        for p in names:
+            spent = end.get(key, {}).get(p, 0) - prev.get(key, {}).get(p, 0)
+            cells.append(f"{spent / k * 1e3:12.1f}" if k else f"{'-':>12}")
+        print(f"{n:6d} " + " ".join(cells))
+        prev = end
 
 
 if __name__ == "__main__":

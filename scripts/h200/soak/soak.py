@@ -111,20 +111,33 @@ class Scraper(threading.Thread):
         cpu_s = (int(stat[11]) + int(stat[12])) / TICK
         rss = next(int(l.split()[1]) * 1024 for l in open(f"/proc/{self.pid}/status")
                    if l.startswith("VmRSS:"))
-        row = {"t_ns": boot_ns(), "kills": self.kills, "cpu_s": cpu_s, "rss": rss}
+        threads = {}
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                comm, rest = open(f"/proc/{self.pid}/task/{tid}/stat").read().rsplit(")", 1)
+            except OSError:
+                continue
+            t = rest.split()
+            name = comm.split("(", 1)[1]
+            threads[name] = threads.get(name, 0) + (int(t[11]) + int(t[12])) / TICK
+        row = {"t_ns": boot_ns(), "kills": self.kills, "cpu_s": cpu_s, "rss": rss,
+               "threads": threads}
         try:
             text = urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=2).read().decode()
         except OSError as e:
             row["scrape_error"] = repr(e)
             return row
-        lingering, lost = 0.0, {}
+        lingering, lost, parts = 0.0, {}, {}
         for line in text.splitlines():
+            if line.startswith("linger_collector_cpu_seconds_total{"):
+                part = line.split('part="', 1)[1].split('"', 1)[0]
+                parts[part] = float(line.rsplit(" ", 1)[1])
             if line.startswith("linger_gpu_memory_lingering_bytes"):
                 lingering += float(line.rsplit(" ", 1)[1])
             elif line.startswith("linger_lost_records_total{"):
                 what = line.split('what="', 1)[1].split('"', 1)[0]
                 lost[what] = lost.get(what, 0) + float(line.rsplit(" ", 1)[1])
-        row.update(lingering=lingering, lost=lost)
+        row.update(lingering=lingering, lost=lost, parts=parts)
         return row
 
     def run(self):

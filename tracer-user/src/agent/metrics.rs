@@ -3,7 +3,10 @@
 //! Label names are dcgm-exporter's (`gpu`, `UUID`, `modelName`, `Hostname`, `pod`, `namespace`,
 //! `container`), so PromQL joins a linger series with `DCGM_FI_DEV_FB_USED` on them.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::atomic::AtomicU64,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -21,6 +24,7 @@ use super::lingering::{Lingering, Memory};
 use crate::{
     analysis::{gpu_errors, Incident, Output as Record},
     event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
+    source::cost::Cost,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -83,6 +87,11 @@ pub struct WhatLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartLabel {
+    pub part: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
     pub driver: String,
@@ -121,6 +130,10 @@ pub struct Metrics {
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
     nvml_errors: Counter,
+    cpu: Family<PartLabel, Counter<f64, AtomicU64>>,
+    /// The collector's CPU time by part, and how much of it the counters show already.
+    cost: Cost,
+    cost_shown: HashMap<&'static str, u64>,
     lingering: Lingering,
     gpus: HashMap<u32, GpuInfo>,
     hostname: String,
@@ -148,6 +161,7 @@ impl Metrics {
         gpus: &[GpuInfo],
         hostname: String,
         writes: WriteErrors,
+        cost: Cost,
         dead_or_invisible: fn(u32) -> bool,
     ) -> (Self, Registry) {
         let mut registry = Registry::default();
@@ -208,6 +222,13 @@ impl Metrics {
             "NVML calls that failed",
             nvml_errors.clone(),
         );
+        let cpu = Family::<PartLabel, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "linger_collector_cpu_seconds",
+            "The agent's own CPU time, by part of its work (ring, record, enrich, analysis, \
+             companion, nvml, housekeeping)",
+            cpu.clone(),
+        );
         registry.register(
             "linger_log_write_errors",
             "Incident log lines that could not be written (disk full, unwritable)",
@@ -239,6 +260,9 @@ impl Metrics {
             xid_tracepoint: false,
             lost,
             nvml_errors,
+            cpu,
+            cost,
+            cost_shown: HashMap::new(),
             lingering: Lingering::default(),
             gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
             hostname,
@@ -256,6 +280,21 @@ impl Metrics {
         if new > 0 {
             self.nvml_errors.inc_by(new);
             self.nvml_errors_seen = total;
+        }
+    }
+
+    /// Brings the CPU-time counters up to the collector's cost so far.
+    pub fn cpu_seconds(&mut self) {
+        for (part, ns) in self.cost.totals() {
+            let shown = self.cost_shown.entry(part.name()).or_default();
+            if ns > *shown {
+                self.cpu
+                    .get_or_create(&PartLabel {
+                        part: part.name().into(),
+                    })
+                    .inc_by((ns - *shown) as f64 / 1e9);
+                *shown = ns;
+            }
         }
     }
 
@@ -454,7 +493,15 @@ mod tests {
             strategy: String::new(),
         };
         // Every pid counts as dead here.
-        Metrics::new(build, &[], "node".into(), WriteErrors::default(), |_| true).0
+        Metrics::new(
+            build,
+            &[],
+            "node".into(),
+            WriteErrors::default(),
+            Cost::default(),
+            |_| true,
+        )
+        .0
     }
 
     fn exit(pid: u32, ts_ns: u64) -> Event {
@@ -523,7 +570,15 @@ mod tests {
             kernel: String::new(),
             strategy: String::new(),
         };
-        let mut m = Metrics::new(build, &gpus, "n".into(), WriteErrors::default(), |_| true).0;
+        let mut m = Metrics::new(
+            build,
+            &gpus,
+            "n".into(),
+            WriteErrors::default(),
+            Cost::default(),
+            |_| true,
+        )
+        .0;
         let xid = |pci: &str, source| {
             Event::collector(
                 1,

@@ -183,6 +183,7 @@ impl Companion for Agent {
             &gpus,
             hostname,
             self.writes.clone(),
+            gpu.cost(),
             procfs::dead_or_invisible,
         );
         self.metrics = Some(metrics);
@@ -215,6 +216,7 @@ impl Companion for Agent {
                 if let Some(errors) = &self.nvml_errors {
                     metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
                 }
+                metrics.cpu_seconds();
                 metrics.on_event(e);
             }
             _ => metrics.on_event(e),

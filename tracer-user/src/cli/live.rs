@@ -21,6 +21,7 @@ use tracer_user::{
     probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
     source::{
         collect::{self, Sink, Tap},
+        cost::{Part, Stopwatch},
         gpu::GpuSources,
         kernel::KernelSource,
         kmsg, machine,
@@ -234,11 +235,14 @@ pub fn trace(
     let awaited = gpu.awaited();
     let idle = gpu.idle();
     let search = gpu.search_switch();
+    let watch = gpu.watch();
     let source = runtime.block_on(async {
-        companion.start(&gpu, &chosen, &meta);
-        // Who traces and how: the stream's first events, which the companion sees too.
-        companion.event(&me);
-        companion.event(&strategy);
+        watch.within(Part::Companion, || {
+            companion.start(&gpu, &chosen, &meta);
+            // Who traces and how: the stream's first events, which the companion sees too.
+            companion.event(&me);
+            companion.event(&strategy);
+        });
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
             source,
@@ -254,6 +258,7 @@ pub fn trace(
                 awaited,
                 idle,
                 search,
+                watch,
             },
         )
         .await?;
@@ -278,15 +283,20 @@ struct LiveSink<'r, 'o, W: Write, C: Companion> {
     awaited: Arc<Pace>,
     idle: Arc<AtomicBool>,
     search: Arc<AtomicBool>,
+    /// The companion's time is its own part of the collector's cost.
+    watch: Stopwatch,
 }
 
 impl<W: Write, C: Companion> Sink for LiveSink<'_, '_, W, C> {
     fn event(&mut self, event: &Event) -> ControlFlow<()> {
         let flow = self.report.on_event(event);
-        self.companion.event(event);
-        for record in self.report.take_written() {
-            self.companion.record(&record);
-        }
+        let written = self.report.take_written();
+        self.watch.within(Part::Companion, || {
+            self.companion.event(event);
+            for record in written {
+                self.companion.record(&record);
+            }
+        });
         self.idle.store(self.report.is_idle(), Ordering::Relaxed);
         if self.report.take_search_request() {
             self.search.store(true, Ordering::Relaxed);

@@ -4,7 +4,11 @@ use std::{ops::ControlFlow, time::Duration};
 
 use tokio::time::{interval, sleep, MissedTickBehavior};
 
-use super::{gpu::GpuSources, kernel::KernelSource};
+use super::{
+    cost::{Cost, Part, Stopwatch},
+    gpu::GpuSources,
+    kernel::KernelSource,
+};
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData},
@@ -26,6 +30,22 @@ pub trait Tap {
 impl Tap for () {
     fn kernel(&mut self, _: &[u8]) {}
     fn event(&mut self, _: &Event) {}
+}
+
+/// A tap whose time is charged to writing the recording.
+struct Timed<'t, T> {
+    tap: &'t mut T,
+    watch: Stopwatch,
+}
+
+impl<T: Tap> Tap for Timed<'_, T> {
+    fn kernel(&mut self, raw: &[u8]) {
+        self.watch.within(Part::Record, || self.tap.kernel(raw));
+    }
+
+    fn event(&mut self, e: &Event) {
+        self.watch.within(Part::Record, || self.tap.event(e));
+    }
 }
 
 impl<T: Tap> Tap for Option<T> {
@@ -80,6 +100,13 @@ pub async fn run_tapped(
     tokio::pin!(deadline);
     let mut stop = stop_signals()?;
     ready();
+    let watch = gpu
+        .as_deref()
+        .map_or_else(|| Cost::default().watch(Part::Housekeeping), |g| g.watch());
+    let tap = &mut Timed {
+        tap,
+        watch: watch.clone(),
+    };
 
     let mut batch = Vec::with_capacity(1024);
     let mut losses_read = 0;
@@ -93,13 +120,14 @@ pub async fn run_tapped(
         tokio::select! {
             ready = source.readable() => {
                 ready?;
-                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
+                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap, &watch);
             }
             Some(reading) = next_side_event(gpu.as_deref_mut()) => nvml_reading = Some(reading),
             _ = ticker.tick() => {
                 let now = boottime_ns();
                 // Bulk records do not wake us: take them now.
-                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap);
+                drain(&mut source, gpu.as_deref_mut(), &mut batch, tap, &watch);
+                watch.switch(Part::Housekeeping);
                 source.refresh_hints();
                 if now.saturating_sub(losses_read) >= LOSS_PERIOD.as_nanos() as u64 {
                     losses_read = now;
@@ -116,6 +144,7 @@ pub async fn run_tapped(
         }
         if let Some(reading) = nvml_reading.take() {
             // --lean learns new GPU holders from NVML's process list.
+            watch.switch(Part::Enrich);
             let found = gpu.as_deref_mut().map(|g| g.discover(&reading));
             push(&mut batch, tap, reading);
             if let Some((events, pids)) = found {
@@ -125,12 +154,14 @@ pub async fn run_tapped(
                 source.add_holders(pids);
             }
         }
+        watch.switch(Part::Analysis);
         for event in batch.drain(..) {
             if sink.event(&event).is_break() {
                 return Ok(source);
             }
         }
         sink.batch_done();
+        watch.switch(Part::Housekeeping);
         if let Some(gpu) = gpu.as_deref_mut() {
             if let Some(pids) = gpu.take_search() {
                 source.search(&pids);
@@ -140,7 +171,7 @@ pub async fn run_tapped(
         }
     }
     // Whatever arrived before the stop still counts.
-    drain(&mut source, gpu, &mut batch, tap);
+    drain(&mut source, gpu, &mut batch, tap, &watch);
 
     for loss in source.poll_losses(boottime_ns()) {
         push(&mut batch, tap, loss);
@@ -161,10 +192,13 @@ fn drain(
     gpu: Option<&mut GpuSources>,
     batch: &mut Vec<Event>,
     tap: &mut impl Tap,
+    watch: &Stopwatch,
 ) {
     let from = batch.len();
+    watch.switch(Part::Ring);
     source.drain_tapped(batch, tap);
     if let Some(gpu) = gpu {
+        watch.switch(Part::Enrich);
         let found: Vec<Event> = batch[from..].iter().filter_map(|e| gpu.enrich(e)).collect();
         for e in found {
             push(batch, tap, e);

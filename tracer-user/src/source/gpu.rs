@@ -15,6 +15,7 @@ use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{
+    cost::{Cost, Part, Stopwatch},
     kmsg::KmsgReader,
     nvml::{self, NvmlSampler},
     pace::Pace,
@@ -50,6 +51,9 @@ pub struct GpuSources {
     last_group: u64,
     /// Set by the analysis when a dead holder's files have holders it does not know.
     search: Arc<AtomicBool>,
+    /// The collector's CPU time by part, and the collector thread's clock of it.
+    cost: Cost,
+    watch: Stopwatch,
 }
 
 impl GpuSources {
@@ -102,6 +106,7 @@ impl GpuSources {
             .map(|data| Event::collector(now, data))
             .collect();
         let awaited = Arc::new(Pace::default());
+        let cost = Cost::default();
         let nvml = nvml
             .then(|| {
                 let (tx, rx) = unbounded_channel();
@@ -110,7 +115,7 @@ impl GpuSources {
                 } else {
                     nvml::QUIET_PERIOD
                 };
-                match NvmlSampler::start(tx, Arc::clone(&awaited), quiet) {
+                match NvmlSampler::start(tx, Arc::clone(&awaited), quiet, cost.clone()) {
                     Ok(s) => {
                         info!("{}", s.description);
                         Some((s, rx))
@@ -150,7 +155,19 @@ impl GpuSources {
             looked_up,
             last_group,
             search: Arc::new(AtomicBool::new(false)),
+            watch: cost.watch(Part::Housekeeping),
+            cost,
         }
+    }
+
+    /// The collector's CPU time by part so far.
+    pub fn cost(&self) -> Cost {
+        self.cost.clone()
+    }
+
+    /// The collector thread's clock: whoever does a part of the work switches it there.
+    pub fn watch(&self) -> Stopwatch {
+        self.watch.clone()
     }
 
     /// What a /proc snapshot found: its holders (sorted, once each), whose groups and

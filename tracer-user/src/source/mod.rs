@@ -1,6 +1,7 @@
 //! Where events come from.
 
 pub mod collect;
+pub mod cost;
 pub mod decode;
 pub mod gpu;
 pub mod kallsyms;

@@ -17,7 +17,10 @@ use log::warn;
 use nvml_wrapper::{enums::device::UsedGpuMemory, Device, Nvml};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::pace::Pace;
+use super::{
+    cost::{thread_cpu_ns, Cost, Part},
+    pace::Pace,
+};
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData, GpuInfo, NvmlGpu, NvmlProcess},
@@ -43,11 +46,12 @@ pub struct NvmlSampler {
 
 impl NvmlSampler {
     /// Starts sampling into `out`, every `quiet` period, every millisecond while `pace` is
-    /// fast; or says why NVML is not available.
+    /// fast, charging its thread's CPU time to `cost`; or says why NVML is not available.
     pub fn start(
         out: UnboundedSender<Event>,
         pace: Arc<Pace>,
         quiet: Duration,
+        cost: Cost,
     ) -> Result<Self, String> {
         let nvml = Nvml::init().map_err(|e| {
             format!("NVML unavailable ({e}); GPU memory comes from kernel data only")
@@ -73,7 +77,7 @@ impl NvmlSampler {
         let (p, e) = (Arc::clone(&pace), Arc::clone(&errors));
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out, &e))
+            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out, &e, &cost))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
             pace,
@@ -138,7 +142,9 @@ fn sample_loop(
     pace: &Pace,
     out: &UnboundedSender<Event>,
     errors: &AtomicU64,
+    cost: &Cost,
 ) {
+    let mut spent = thread_cpu_ns();
     let devices: Vec<(u32, Device)> = (0..count)
         .filter_map(|i| match nvml.device_by_index(i) {
             Ok(d) => Some((i, d)),
@@ -161,6 +167,9 @@ fn sample_loop(
         if out.send(event).is_err() {
             return;
         }
+        let now = thread_cpu_ns();
+        cost.add(Part::Nvml, now.saturating_sub(spent));
+        spent = now;
     }
 }
 

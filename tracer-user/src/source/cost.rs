@@ -1,0 +1,145 @@
+//! The collector's own CPU time, by part of its work: where its cost goes under load shows on
+//! a machine without a profiler (`linger_collector_cpu_seconds_total`). Each part's time is
+//! read from the thread's CPU clock at the part's bounds, a few hundred nanoseconds a read.
+
+use std::{
+    cell::Cell,
+    rc::Rc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use nix::time::{clock_gettime, ClockId};
+
+/// A part of the collector's work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Reading and decoding the kernel's records.
+    Ring,
+    /// Writing the `--record` trace file.
+    Record,
+    /// /proc facts and stack symbols read while a process is at hand.
+    Enrich,
+    /// Correlation and the incidents' output.
+    Analysis,
+    /// What runs beside the analysis: the agent's metrics and flight recorder.
+    Companion,
+    /// NVML readings, on their own thread.
+    Nvml,
+    /// Switching the stack sampler, searches, the loss counters.
+    Housekeeping,
+}
+
+impl Part {
+    pub const ALL: [Part; 7] = [
+        Part::Ring,
+        Part::Record,
+        Part::Enrich,
+        Part::Analysis,
+        Part::Companion,
+        Part::Nvml,
+        Part::Housekeeping,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Ring => "ring",
+            Part::Record => "record",
+            Part::Enrich => "enrich",
+            Part::Analysis => "analysis",
+            Part::Companion => "companion",
+            Part::Nvml => "nvml",
+            Part::Housekeeping => "housekeeping",
+        }
+    }
+}
+
+/// CPU nanoseconds spent in each part so far, shared between the threads that spend them
+/// and the metrics that show them.
+#[derive(Clone, Default)]
+pub struct Cost(Arc<[AtomicU64; Part::ALL.len()]>);
+
+impl Cost {
+    pub fn add(&self, part: Part, ns: u64) {
+        self.0[part as usize].fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Each part's CPU nanoseconds so far.
+    pub fn totals(&self) -> [(Part, u64); Part::ALL.len()] {
+        Part::ALL.map(|p| (p, self.0[p as usize].load(Ordering::Relaxed)))
+    }
+
+    /// A stopwatch on the calling thread's CPU clock, charging `part` from now on.
+    pub fn watch(&self, part: Part) -> Stopwatch {
+        Stopwatch(Rc::new(Watch {
+            cost: self.clone(),
+            at: Cell::new(thread_cpu_ns()),
+            part: Cell::new(part),
+        }))
+    }
+}
+
+/// Charges one thread's CPU time to the part it is in; clones share the clock, so whoever
+/// runs a part (the loop, a sink, a tap) switches to it.
+#[derive(Clone)]
+pub struct Stopwatch(Rc<Watch>);
+
+struct Watch {
+    cost: Cost,
+    at: Cell<u64>,
+    part: Cell<Part>,
+}
+
+impl Stopwatch {
+    /// Charges the time since the last switch to the part then current, and makes `to`
+    /// current; returns the part it was.
+    pub fn switch(&self, to: Part) -> Part {
+        let w = &self.0;
+        let now = thread_cpu_ns();
+        let was = w.part.replace(to);
+        w.cost.add(was, now.saturating_sub(w.at.replace(now)));
+        was
+    }
+
+    /// Runs `f` as `part`, then goes back to the part it was in.
+    pub fn within<T>(&self, part: Part, f: impl FnOnce() -> T) -> T {
+        let was = self.switch(part);
+        let out = f();
+        self.switch(was);
+        out
+    }
+}
+
+/// The calling thread's CPU time so far.
+pub fn thread_cpu_ns() -> u64 {
+    // Every thread has this clock; a failure reads as no time spent.
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cost, Part};
+
+    #[test]
+    fn work_is_charged_to_the_part_that_did_it() {
+        let cost = Cost::default();
+        let watch = cost.watch(Part::Ring);
+        watch.within(Part::Analysis, || {
+            let mut x = 0u64;
+            for i in 0..20_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+        });
+        watch.switch(Part::Ring);
+        let totals = cost.totals();
+        let of = |p: Part| totals.iter().find(|(q, _)| *q == p).map(|(_, ns)| *ns);
+        assert!(of(Part::Analysis) > Some(1_000_000), "{totals:?}");
+        assert!(of(Part::Ring) < of(Part::Analysis), "{totals:?}");
+        assert_eq!(of(Part::Nvml), Some(0));
+    }
+}
