@@ -243,7 +243,12 @@ fn metrics_endpoint_answers_only_what_it_serves() {
     let (status, body) = get(port, "/healthz").expect("healthz");
     assert!(status.contains("200"), "{status}");
     assert_eq!(body, "ok\n");
-    let (status, body) = get(port, "/metrics").expect("metrics");
+    // The collector's own cost is counted from its first tick on.
+    let (status, body) = eventually("the collector's CPU time", Duration::from_secs(5), || {
+        get(port, "/metrics")
+            .ok()
+            .filter(|(_, b)| b.contains("linger_collector_cpu_seconds_total{"))
+    });
     assert!(status.contains("200"), "{status}");
     assert!(body.contains("# TYPE linger_build info"), "{body}");
     assert!(body.contains("linger_nvml_errors_total 0"), "{body}");
@@ -251,6 +256,24 @@ fn metrics_endpoint_answers_only_what_it_serves() {
         body.ends_with("# EOF\n"),
         "OpenMetrics ends with EOF: {body}"
     );
+    // Every metric served is in docs/agent.md (families without a series yet are not served).
+    let docs = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/agent.md"))
+        .expect("docs/agent.md");
+    let listed: Vec<&str> = docs
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `linger_")?.split('`').next())
+        .collect();
+    let served: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE linger_")?.split(' ').next())
+        .collect();
+    for m in &served {
+        let suffixed = |s: &str| listed.iter().any(|l| *l == format!("{m}{s}"));
+        assert!(
+            suffixed("") || suffixed("_total") || suffixed("_info"),
+            "linger_{m} is served but not in docs/agent.md"
+        );
+    }
     let (status, _) = get(port, "/other").expect("404");
     assert!(status.contains("404"), "{status}");
     // A client that sends nothing is dropped without holding the endpoint up.

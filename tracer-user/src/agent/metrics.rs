@@ -99,11 +99,13 @@ pub struct BuildLabels {
     pub strategy: String,
 }
 
-/// Counters of writes that failed, kept by their writers.
+/// Counters of writes that failed, kept by their writers, and of the flight recorder's
+/// incident traces deleted for its byte budget.
 #[derive(Clone, Default)]
 pub struct WriteErrors {
     pub log: Counter,
     pub flight: Counter,
+    pub flight_dropped: Counter,
 }
 
 /// What the build-info series says about this agent.
@@ -225,8 +227,8 @@ impl Metrics {
         let cpu = Family::<PartLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "linger_collector_cpu_seconds",
-            "The agent's own CPU time, by part of its work (ring, record, enrich, analysis, \
-             companion, nvml, housekeeping)",
+            "The agent's own CPU time, by part of its work (ring, record, enrich, stacks, \
+             analysis, companion, nvml, sampler, housekeeping)",
             cpu.clone(),
         );
         registry.register(
@@ -238,6 +240,12 @@ impl Metrics {
             "linger_flight_recorder_errors",
             "Flight recorder segments or incident traces that could not be written",
             writes.flight,
+        );
+        registry.register(
+            "linger_flight_recorder_dropped_traces",
+            "Incident traces the flight recorder deleted, oldest first, to stay within \
+             --flight-max-bytes",
+            writes.flight_dropped,
         );
         registry.register(
             "linger_build",

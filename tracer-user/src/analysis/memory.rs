@@ -137,6 +137,11 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Watched only in case NVML lists it: not known to hold GPU files.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     /// The first GPU it has memory on (the only one, for most processes).
     pub fn gpu(&self) -> Option<u32> {
         self.devices.keys().next().copied()
@@ -306,6 +311,21 @@ pub struct MemoryBook {
     /// Watches whose memory is another's (`Role::AliasOf`): without any, a finished watch
     /// goes at once instead of after a pass over every watch (thousands in a kill storm).
     aliases: usize,
+}
+
+/// How closely NVML should be read now, least to most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NvmlNeed {
+    /// Nothing awaited.
+    Quiet,
+    /// Teardowns under way whose moment the kernel's release will tell: NVML's account is a
+    /// cross-check, read every few tens of milliseconds.
+    Await,
+    /// A kernel release awaits NVML's word that the pid is gone: a few readings.
+    Confirm,
+    /// A release whose moment only NVML can tell (no ioctl evidence, an import, a process not
+    /// known to hold GPU files): every millisecond.
+    Fast,
 }
 
 /// How long after something that may release memory NVML is read fast.
@@ -532,15 +552,19 @@ impl MemoryBook {
         !self.last.is_empty() && self.last.values().all(|(_, t)| *t > t_ns)
     }
 
-    /// Whether NVML should be read every millisecond: a watched release may be under way.
-    pub fn awaiting(&self, now_ns: u64) -> bool {
-        self.watches.values().any(|w| {
+    /// The watches whose release may be under way: not done, not back by NVML's account, and
+    /// with something that may release memory lately.
+    pub fn awaited(&self, now_ns: u64) -> impl Iterator<Item = (u64, &Watch)> {
+        self.watches.iter().filter_map(move |(key, w)| {
             let window = if w.probe && w.max_figure().is_none() {
                 PROBE_NS
             } else {
                 ACTIVE_NS
             };
-            !w.done && w.back_ns().is_none() && now_ns.saturating_sub(w.last_activity_ns) < window
+            let awaited = !w.done
+                && w.back_ns().is_none()
+                && now_ns.saturating_sub(w.last_activity_ns) < window;
+            awaited.then_some((*key, w))
         })
     }
 

@@ -776,3 +776,40 @@ fn a_return_hidden_by_another_jobs_allocation_is_the_kernels_release_nvml_confir
         }
     }
 }
+
+#[test]
+fn nvml_is_read_every_millisecond_only_for_a_release_it_alone_can_time() {
+    use super::memory::NvmlNeed;
+    for traced in [true, false] {
+        let mut r = Run::new();
+        if traced {
+            r.ioctls_traced();
+        }
+        r.nvml(0.0, GIB / 2, &[]);
+        r.holder(10, 0, 100.0);
+        r.nvml(200.0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
+        assert_eq!(r.c.nvml_need(), NvmlNeed::Quiet);
+        r.kill(SHELL, 10, 9, 300.0);
+        r.tick(300.0);
+        // Its teardown: the kernel's release will time it where its driver calls are seen.
+        let tearing_down = if traced {
+            NvmlNeed::Await
+        } else {
+            NvmlNeed::Fast
+        };
+        assert_eq!(r.c.nvml_need(), tearing_down);
+        r.die(10, &[FILE], 300.1, 9);
+        r.nvml(301.0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
+        r.zombie_and_reap(10, 420.0);
+        r.tick(420.2);
+        let released = if traced {
+            NvmlNeed::Confirm
+        } else {
+            NvmlNeed::Fast
+        };
+        assert_eq!(r.c.nvml_need(), released, "released, NVML still lists it");
+        r.nvml(425.0, GIB / 2, &[]);
+        r.tick(430.0);
+        assert_eq!(r.c.nvml_need(), NvmlNeed::Quiet, "back");
+    }
+}

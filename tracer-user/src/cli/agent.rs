@@ -149,6 +149,7 @@ impl Companion for Agent {
                 meta.clone(),
                 gpu.snapshotter(),
                 self.writes.flight.clone(),
+                self.writes.flight_dropped.clone(),
             ) {
                 Ok(f) => {
                     eprintln!("linger agent: flight recorder in {}", f.dir().display());
@@ -228,7 +229,13 @@ impl Companion for Agent {
             m.on_record(r);
         }
         if let (Some(f), Record::Incident(inc)) = (&mut self.flight, r) {
-            f.incident(inc, boottime_ns());
+            f.incident(inc);
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(f) = &mut self.flight {
+            f.finish(boottime_ns());
         }
     }
 }

@@ -14,7 +14,9 @@ use std::{
 use anyhow::Context;
 use log::{debug, info, warn};
 use tracer_user::{
-    analysis::{incident::Node, signals, CorrelatorConfig, Output as AnalysisOutput},
+    analysis::{
+        incident::Node, memory::NvmlNeed, signals, CorrelatorConfig, Output as AnalysisOutput,
+    },
     clock::{boottime_ns, WallAnchor},
     event::{DriverHooks, Event, EventData, Strategy},
     privileges,
@@ -24,7 +26,7 @@ use tracer_user::{
         cost::{Part, Stopwatch},
         gpu::GpuSources,
         kernel::KernelSource,
-        kmsg, machine,
+        kmsg, machine, nvml,
         pace::Pace,
         procfs, workload,
     },
@@ -113,6 +115,8 @@ pub trait Companion {
     fn start(&mut self, _gpu: &GpuSources, _strategy: &Strategy, _meta: &TraceMeta) {}
     fn event(&mut self, _e: &Event) {}
     fn record(&mut self, _r: &AnalysisOutput) {}
+    /// Once, after the last event.
+    fn finish(&mut self) {}
 }
 
 impl Companion for () {}
@@ -264,6 +268,7 @@ pub fn trace(
         .await?;
         anyhow::Ok(source)
     })?;
+    companion.finish();
     record::finish(recorder, args, source.drops_total())?;
     let all = report.finish()?;
     if source.drops_total() > 0 {
@@ -308,7 +313,13 @@ impl<W: Write, C: Companion> Sink for LiveSink<'_, '_, W, C> {
         // Once per batch: the answer walks every watch, thousands in a kill storm (one for
         // each victim not known to hold GPU files, where NVML may still list it), and a
         // batch takes a millisecond or two, against teardowns of over 100 ms.
-        self.awaited.set_fast(self.report.awaiting_gpu_memory());
+        let period = match self.report.nvml_need() {
+            NvmlNeed::Quiet => None,
+            NvmlNeed::Await => Some(nvml::AWAIT_PERIOD),
+            NvmlNeed::Confirm => Some(nvml::CONFIRM_PERIOD),
+            NvmlNeed::Fast => Some(nvml::FAST_PERIOD),
+        };
+        self.awaited.set_period(period);
         self.report.flush();
     }
 }

@@ -5,7 +5,7 @@ use std::{io::Write, ops::ControlFlow};
 
 use serde_json::json;
 use tracer_user::{
-    analysis::{incident::Node, Correlator, CorrelatorConfig, Output as Record},
+    analysis::{incident::Node, memory::NvmlNeed, Correlator, CorrelatorConfig, Output as Record},
     clock::WallAnchor,
     escape,
     event::{Event, EventData, LossKind},
@@ -105,9 +105,9 @@ impl<'a, W: Write> Report<'a, W> {
         self.correlator.take_search_request()
     }
 
-    /// Whether an open incident waits for GPU memory to come back.
-    pub fn awaiting_gpu_memory(&self) -> bool {
-        self.correlator.awaiting_gpu_memory()
+    /// See [`Correlator::nvml_need`].
+    pub fn nvml_need(&self) -> NvmlNeed {
+        self.correlator.nvml_need()
     }
 
     /// Writes out what the records since the last flush left buffered: once per batch of

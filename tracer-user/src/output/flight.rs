@@ -4,14 +4,20 @@
 //! incident ends with any verdict but `released`, or lingers, the segments from the one before
 //! its first signal are joined into one trace file that `linger replay` opens.
 //!
+//! A busy node has such incidents every second or so: they wait for the segment being written
+//! to close (a few seconds), and the incidents of one window share one file (hard links, one
+//! per incident), joined by copying the segments' compressed chunks. Incident traces count
+//! towards the byte budget with the segments, the oldest going first, and each deletion is
+//! logged and counted.
+//!
 //! What a window does not hold: allocations made before its checkpoint (the ledger starts at
 //! the checkpoint), and stacks symbolized before it. Writing never stops the agent: a failure
 //! is counted and logged.
 
 use std::{
     collections::{HashSet, VecDeque},
-    fs,
-    ops::ControlFlow,
+    fs::{self, File},
+    io::BufReader,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -25,8 +31,8 @@ use crate::{
     analysis::{verdict::VerdictKind, Incident},
     escape,
     event::{Event, EventData},
-    source::{procfs, replay::Replay},
-    trace::{writer, EndSummary, TraceMeta, TraceWriter, WriterOptions},
+    source::procfs,
+    trace::{writer, EndSummary, TraceMeta, TraceReader, TraceWriter, WriterOptions},
 };
 
 /// At most one log line about failed writes this often.
@@ -35,6 +41,9 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 const SEGMENTS_PER_WINDOW: u64 = 10;
 /// ... and at least this long.
 const MIN_SEGMENT_NS: u64 = 10_000_000_000;
+/// An incident waiting for its trace closes the segment being written once it is this old:
+/// its file comes within seconds, and a busy node's segments close at most this often.
+const PENDING_CLOSE_NS: u64 = 5_000_000_000;
 
 /// The processes holding GPU files now, as /proc says (snapshot events).
 pub type Snapshot = Box<dyn Fn() -> Vec<EventData>>;
@@ -62,9 +71,15 @@ pub struct FlightRecorder {
     last_nvml: Option<Event>,
     current: Option<Segment>,
     closed: VecDeque<Closed>,
-    /// Incidents with a flight file already.
+    /// Incident traces written, oldest first.
+    traces: VecDeque<Written>,
+    /// Incidents worth a trace, waiting for the segment being written to close.
+    pending: Vec<Pending>,
+    /// Incidents with a flight file already (or on its way).
     written: HashSet<u64>,
     errors: Counter,
+    /// Incident traces deleted for the byte budget.
+    dropped: Counter,
     warned: Option<Instant>,
 }
 
@@ -72,11 +87,30 @@ struct Segment {
     writer: TraceWriter<OutputFile>,
     path: PathBuf,
     start_ns: u64,
+    /// Chunks holding the process list and the checkpoint, which open the segment.
+    checkpoint_chunks: u64,
 }
 
 struct Closed {
     path: PathBuf,
     start_ns: u64,
+    end_ns: u64,
+    bytes: u64,
+    checkpoint_chunks: u64,
+    /// Chunks before the one that holds only the closing summary.
+    body_chunks: u64,
+}
+
+struct Pending {
+    id: u64,
+    pid: u32,
+    /// Where its window starts.
+    from_ns: u64,
+}
+
+/// One incident trace: a file and its other names, one per incident of its window.
+struct Written {
+    names: Vec<PathBuf>,
     end_ns: u64,
     bytes: u64,
 }
@@ -90,6 +124,7 @@ impl FlightRecorder {
         meta: TraceMeta,
         snapshot: Snapshot,
         errors: Counter,
+        dropped: Counter,
     ) -> anyhow::Result<Self> {
         let dir = state_dir.join("flight");
         if !dir.exists() {
@@ -112,8 +147,11 @@ impl FlightRecorder {
             last_nvml: None,
             current: None,
             closed: VecDeque::new(),
+            traces: VecDeque::new(),
+            pending: Vec::new(),
             written: HashSet::new(),
             errors,
+            dropped,
             warned: None,
         })
     }
@@ -139,8 +177,13 @@ impl FlightRecorder {
         let due = match &self.current {
             None => true,
             Some(s) => {
-                e.ts_ns.saturating_sub(s.start_ns) >= self.segment_ns
-                    && matches!(e.data, EventData::Tick)
+                let age = e.ts_ns.saturating_sub(s.start_ns);
+                let close_at = if self.pending.is_empty() {
+                    self.segment_ns
+                } else {
+                    PENDING_CLOSE_NS
+                };
+                age >= close_at && matches!(e.data, EventData::Tick)
             }
         };
         if due {
@@ -152,8 +195,8 @@ impl FlightRecorder {
     }
 
     /// An incident record: one that ends with a verdict other than `released`, or lingers,
-    /// gets its flight file (once).
-    pub fn incident(&mut self, inc: &Incident, now_ns: u64) {
+    /// gets its flight file (once), when the segment being written closes.
+    pub fn incident(&mut self, inc: &Incident) {
         let verdict = inc.verdict.as_ref().map(|v| v.kind);
         let worth =
             (inc.settled && verdict.is_some_and(|v| v != VerdictKind::Released)) || inc.lingering;
@@ -167,51 +210,100 @@ impl FlightRecorder {
             .signals
             .first()
             .map_or(inc.t_signal_ns, |s| s.t_ns);
-        let from = inc
+        let from_ns = inc
             .holders
             .iter()
             .filter_map(|h| h.how.t_ns())
             .fold(first_signal, u64::min);
-        self.rotate(now_ns);
-        let name = format!("incident-{}-{}.trace", inc.id, inc.target.pid);
-        match self.join(from, &self.dir.join(&name)) {
-            Ok(()) => log::info!(
-                "flight recorder: incident {} ({:?}) in {}",
-                inc.id,
-                verdict,
-                escape::path(&self.dir.join(&name))
-            ),
-            Err(e) => self.failed(&format!("writing {name}: {e}")),
-        }
+        self.pending.push(Pending {
+            id: inc.id,
+            pid: inc.target.pid,
+            from_ns,
+        });
     }
 
-    /// Closes the segment being written and starts the next with a checkpoint; forgets the
-    /// segments out of the window or over the byte budget.
+    /// The agent stops: the segment being written closes, and the incidents waiting for it
+    /// get their file.
+    pub fn finish(&mut self, now_ns: u64) {
+        self.close_current(now_ns);
+        self.write_pending();
+    }
+
+    /// Closes the segment being written, writes the traces of the incidents waiting for it,
+    /// and starts the next segment with a checkpoint; forgets what is out of the window or
+    /// over the byte budget.
     fn rotate(&mut self, now_ns: u64) {
-        if let Some(s) = self.current.take() {
-            let summary = EndSummary {
-                end_boot_ns: now_ns,
-                kernel_drops: 0,
-                records: s.writer.records(),
-            };
-            match s.writer.finish(&summary) {
-                Ok((_, stats)) => self.closed.push_back(Closed {
-                    path: s.path,
-                    start_ns: s.start_ns,
-                    end_ns: now_ns,
-                    bytes: stats.file_bytes,
-                }),
-                Err(e) => {
-                    self.failed(&format!("closing {}: {e}", escape::path(&s.path)));
-                    let _ = fs::remove_file(&s.path);
-                }
-            }
-        }
+        self.close_current(now_ns);
+        self.write_pending();
         self.forget_old(now_ns);
         match self.start_segment(now_ns) {
             Ok(s) => self.current = Some(s),
             Err(e) => self.failed(&format!("starting a segment: {e}")),
         }
+    }
+
+    fn close_current(&mut self, now_ns: u64) {
+        let Some(mut s) = self.current.take() else {
+            return;
+        };
+        // The closing summary in a chunk of its own: a join copies the chunks before it.
+        s.writer.flush_chunk();
+        let body_chunks = s.writer.stats().chunks;
+        let summary = EndSummary {
+            end_boot_ns: now_ns,
+            kernel_drops: 0,
+            records: s.writer.records(),
+        };
+        match s.writer.finish(&summary) {
+            Ok((_, stats)) => self.closed.push_back(Closed {
+                path: s.path,
+                start_ns: s.start_ns,
+                end_ns: now_ns,
+                bytes: stats.file_bytes,
+                checkpoint_chunks: s.checkpoint_chunks,
+                body_chunks,
+            }),
+            Err(e) => {
+                self.failed(&format!("closing {}: {e}", escape::path(&s.path)));
+                let _ = fs::remove_file(&s.path);
+            }
+        }
+    }
+
+    /// One trace for the incidents waiting, from the earliest of their windows, under the
+    /// first one's name and linked under the others'.
+    fn write_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let Some(from_ns) = pending.iter().map(|p| p.from_ns).min() else {
+            return;
+        };
+        let dir = self.dir.clone();
+        let name = |p: &Pending| dir.join(format!("incident-{}-{}.trace", p.id, p.pid));
+        let path = name(&pending[0]);
+        let bytes = match self.join(from_ns, &path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = fs::remove_file(&path);
+                return self.failed(&format!("writing {}: {e}", escape::path(&path)));
+            }
+        };
+        let mut names = vec![path.clone()];
+        for p in &pending[1..] {
+            let link = name(p);
+            match fs::hard_link(&path, &link) {
+                Ok(()) => names.push(link),
+                Err(e) => self.failed(&format!("linking {}: {e}", escape::path(&link))),
+            }
+        }
+        for (p, n) in pending.iter().zip(&names) {
+            log::info!("flight recorder: incident {} in {}", p.id, escape::path(n));
+        }
+        let end_ns = self.closed.back().map_or(0, |c| c.end_ns);
+        self.traces.push_back(Written {
+            names,
+            end_ns,
+            bytes,
+        });
     }
 
     fn start_segment(&self, now_ns: u64) -> anyhow::Result<Segment> {
@@ -237,30 +329,60 @@ impl FlightRecorder {
         for e in &checkpoint {
             w.event(e);
         }
+        // The checkpoint in chunks of its own: a join leaves them out of later segments.
+        w.flush_chunk();
         Ok(Segment {
+            checkpoint_chunks: w.stats().chunks,
             writer: w,
             path,
             start_ns: now_ns,
         })
     }
 
+    /// Deletes the segments out of the window, then, while the segments and incident traces
+    /// pass the byte budget, the oldest of them.
     fn forget_old(&mut self, now_ns: u64) {
-        let mut bytes: u64 = self.closed.iter().map(|c| c.bytes).sum();
         while let Some(old) = self.closed.front() {
-            let stale = now_ns.saturating_sub(old.end_ns) > self.keep_ns;
-            if !stale && bytes <= self.max_bytes {
+            if now_ns.saturating_sub(old.end_ns) <= self.keep_ns {
                 break;
             }
-            bytes -= old.bytes;
             let _ = fs::remove_file(&old.path);
             self.closed.pop_front();
+        }
+        let mut bytes: u64 = self.closed.iter().map(|c| c.bytes).sum::<u64>()
+            + self.traces.iter().map(|t| t.bytes).sum::<u64>();
+        while bytes > self.max_bytes {
+            let segment_end = self.closed.front().map(|c| c.end_ns);
+            let trace_end = self.traces.front().map(|t| t.end_ns);
+            let segment_first = match (segment_end, trace_end) {
+                (Some(s), Some(t)) => s <= t,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if segment_first {
+                if let Some(old) = self.closed.pop_front() {
+                    let _ = fs::remove_file(&old.path);
+                    bytes -= old.bytes;
+                }
+            } else if let Some(old) = self.traces.pop_front() {
+                for n in &old.names {
+                    let _ = fs::remove_file(n);
+                    log::warn!(
+                        "flight recorder: deleted {} to stay within --flight-max-bytes",
+                        escape::path(n)
+                    );
+                }
+                self.dropped.inc();
+                bytes -= old.bytes;
+            }
         }
     }
 
     /// Writes the closed segments from the last one that began at or before `from_ns` (or
-    /// the oldest kept) into one trace file: that segment whole, the later ones without
-    /// their checkpoints.
-    fn join(&self, from_ns: u64, out: &Path) -> anyhow::Result<()> {
+    /// the oldest kept) into one trace file, copying their stored chunks: that segment whole,
+    /// the later ones without their checkpoints. Returns the file's bytes.
+    fn join(&self, from_ns: u64, out: &Path) -> anyhow::Result<u64> {
         let first = self
             .closed
             .iter()
@@ -270,36 +392,20 @@ impl FlightRecorder {
         let Some(head) = parts.first() else {
             anyhow::bail!("no segment kept");
         };
-        let replay = Replay::open(&head.path)?;
-        let meta = replay.meta().clone();
-        drop(replay);
-        let options = WriterOptions {
-            zstd_level: Some(1),
-            ..Default::default()
-        };
-        let mut w = writer::create(out, Existing::Replace, &meta, options)?;
-        let mut processes_written = false;
+        let meta = open_segment(&head.path)?.meta().clone();
+        let mut w = writer::create(out, Existing::Replace, &meta, WriterOptions::default())?;
         for (i, part) in parts.iter().enumerate() {
-            let mut replay = Replay::open(&part.path)?;
-            let skip = if i == 0 {
-                0
-            } else {
-                replay.meta().checkpoint_events
-            };
-            let mut seen = 0;
-            replay.run(
-                |e| {
-                    seen += 1;
-                    if seen > skip {
-                        w.event(e);
-                    }
-                    ControlFlow::Continue(())
-                },
-                |_| {},
-            )?;
-            if !processes_written {
-                w.processes(replay.processes());
-                processes_written = true;
+            let mut r = open_segment(&part.path)?;
+            let from = if i == 0 { 0 } else { part.checkpoint_chunks };
+            let mut n = 0;
+            while let Some(chunk) = r.next_stored_chunk()? {
+                if (from..part.body_chunks).contains(&n) {
+                    w.copy_chunk(&chunk);
+                }
+                n += 1;
+            }
+            if !r.stats().damage.is_empty() || n != part.body_chunks + 1 {
+                anyhow::bail!("segment {} is damaged", escape::path(&part.path));
             }
         }
         let summary = EndSummary {
@@ -307,8 +413,8 @@ impl FlightRecorder {
             kernel_drops: 0,
             records: w.records(),
         };
-        w.finish(&summary)?;
-        Ok(())
+        let (_, stats) = w.finish(&summary)?;
+        Ok(stats.file_bytes)
     }
 
     fn failed(&mut self, what: &str) {
@@ -317,5 +423,193 @@ impl FlightRecorder {
             self.warned = Some(Instant::now());
             warn!("flight recorder: {what} (counted in linger_flight_recorder_errors_total)");
         }
+    }
+}
+
+fn open_segment(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
+    Ok(TraceReader::new(BufReader::new(File::open(path)?))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        ops::ControlFlow,
+        os::unix::fs::{MetadataExt, PermissionsExt},
+        path::PathBuf,
+        time::Duration,
+    };
+
+    use super::*;
+    use crate::{
+        analysis::{
+            incident::Target,
+            verdict::{Verdict, VerdictKind},
+        },
+        source::replay::Replay,
+    };
+
+    const S: u64 = 1_000_000_000;
+
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn state_dir(name: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!("linger-flight-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir(&dir).expect("state dir");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod");
+        Dir(dir)
+    }
+
+    /// A recorder whose segments last 10 s (the least), with `max_bytes` for its files.
+    fn recorder(dir: &Path, max_bytes: u64) -> (FlightRecorder, Counter) {
+        let dropped = Counter::default();
+        let options = FlightOptions {
+            keep: Duration::from_secs(60),
+            max_bytes,
+            redact_cmdline: true,
+        };
+        let f = FlightRecorder::open(
+            dir,
+            options,
+            TraceMeta::default(),
+            Box::new(Vec::new),
+            Counter::default(),
+            dropped.clone(),
+        )
+        .expect("flight recorder");
+        (f, dropped)
+    }
+
+    fn tick(t: u64) -> Event {
+        Event::collector(t, EventData::Tick)
+    }
+
+    fn held(id: u64, pid: u32, t_ns: u64) -> Incident {
+        let target = Target {
+            pid,
+            comm: "job".into(),
+            threads: 1,
+            workload: None,
+        };
+        let mut inc = Incident::new(id, target, t_ns);
+        inc.settled = true;
+        inc.verdict = Some(Verdict {
+            kind: VerdictKind::SharedFd,
+            evidence: Vec::new(),
+            hint: String::new(),
+        });
+        inc
+    }
+
+    fn ticks(text: &Path) -> Vec<u64> {
+        let mut replay = Replay::open(text).expect("replay");
+        let mut out = Vec::new();
+        replay
+            .run(
+                |e| {
+                    if matches!(e.data, EventData::Tick) {
+                        out.push(e.ts_ns);
+                    }
+                    ControlFlow::Continue(())
+                },
+                |_| {},
+            )
+            .expect("replay runs");
+        out
+    }
+
+    #[test]
+    fn incidents_of_one_window_share_a_trace_of_every_segment_since_their_signal() {
+        let dir = state_dir("share");
+        let (mut f, _) = recorder(&dir.0, u64::MAX);
+        f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+        let mut fed = Vec::new();
+        let mut t = S;
+        while t < 36 * S {
+            if t == 33 * S {
+                f.incident(&held(1, 100, 5 * S));
+                f.incident(&held(2, 200, 25 * S));
+            }
+            f.event(&tick(t));
+            fed.push(t);
+            t += S / 10;
+        }
+        f.finish(t);
+        let one = dir.0.join("flight/incident-1-100.trace");
+        let two = dir.0.join("flight/incident-2-200.trace");
+        let ino = |p: &Path| fs::metadata(p).expect("the incident's trace").ino();
+        assert_eq!(ino(&one), ino(&two), "one file, two names");
+        // From the segment its signal fell in (the first, at 1 s) to the one it was reported
+        // in, each event once: the later segments' checkpoints are left out.
+        assert_eq!(ticks(&one), fed);
+    }
+
+    #[test]
+    fn incident_traces_count_in_the_byte_budget_and_the_oldest_go_first() {
+        let dir = state_dir("budget");
+        let (mut f, dropped) = recorder(&dir.0, 40_000);
+        f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+        let nvml = |t| {
+            Event::collector(
+                t,
+                EventData::Nvml {
+                    gpus: vec![crate::event::NvmlGpu {
+                        index: 0,
+                        used: t,
+                        total: 1 << 40,
+                        processes: Vec::new(),
+                    }],
+                },
+            )
+        };
+        let mut t = S;
+        let mut id = 0;
+        while t < 120 * S {
+            if t % (10 * S) == 0 {
+                id += 1;
+                f.incident(&held(id, 100 + id as u32, t - S));
+            }
+            f.event(&nvml(t));
+            f.event(&tick(t));
+            t += S / 100;
+        }
+        let flight = dir.0.join("flight");
+        let names: Vec<String> = fs::read_dir(&flight)
+            .expect("flight dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let sizes: Vec<(String, u64)> = fs::read_dir(&flight)
+            .expect("flight dir")
+            .flatten()
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().expect("size").len())
+            })
+            .collect();
+        // The segment being written (the newest) counts once it closes.
+        let newest = sizes
+            .iter()
+            .filter(|(n, _)| n.starts_with("segment-"))
+            .max_by_key(|(n, _)| n.clone());
+        let bytes = sizes.iter().map(|(_, b)| b).sum::<u64>() - newest.map_or(0, |(_, b)| *b);
+        assert!(dropped.get() > 0, "{names:?}");
+        assert!(
+            !names.iter().any(|n| n == "incident-1-101.trace"),
+            "{names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n == &format!("incident-{}-{}.trace", id - 1, 100 + id - 1)),
+            "the newest traces are kept: {names:?}"
+        );
+        assert!(bytes <= 40_000, "{bytes} bytes: {sizes:?}");
     }
 }

@@ -166,7 +166,7 @@ pub async fn run_tapped(
             if let Some(pids) = gpu.take_search() {
                 source.search(&pids);
             }
-            source.sample_while_dying();
+            watch.within(Part::Sampler, || source.sample_while_dying());
             gpu.forget_stacks_if_idle();
         }
     }

@@ -20,26 +20,32 @@ pub enum Part {
     Ring,
     /// Writing the `--record` trace file.
     Record,
-    /// /proc facts and stack symbols read while a process is at hand.
+    /// /proc facts read while a process is at hand.
     Enrich,
+    /// Teardown stacks read from the kernel's map and symbolized.
+    Stacks,
     /// Correlation and the incidents' output.
     Analysis,
     /// What runs beside the analysis: the agent's metrics and flight recorder.
     Companion,
     /// NVML readings, on their own thread.
     Nvml,
-    /// Switching the stack sampler, searches, the loss counters.
+    /// Switching the stack sampler on and off.
+    Sampler,
+    /// Searches, the kernel's hints and loss counters.
     Housekeeping,
 }
 
 impl Part {
-    pub const ALL: [Part; 7] = [
+    pub const ALL: [Part; 9] = [
         Part::Ring,
         Part::Record,
         Part::Enrich,
+        Part::Stacks,
         Part::Analysis,
         Part::Companion,
         Part::Nvml,
+        Part::Sampler,
         Part::Housekeeping,
     ];
 
@@ -48,9 +54,11 @@ impl Part {
             Part::Ring => "ring",
             Part::Record => "record",
             Part::Enrich => "enrich",
+            Part::Stacks => "stacks",
             Part::Analysis => "analysis",
             Part::Companion => "companion",
             Part::Nvml => "nvml",
+            Part::Sampler => "sampler",
             Part::Housekeeping => "housekeeping",
         }
     }

@@ -326,7 +326,10 @@ impl GpuSources {
     /// while it is alive; the symbolized stack of a teardown sample seen for the first time.
     pub fn enrich(&mut self, e: &Event) -> Option<Event> {
         let pid = match &e.data {
-            EventData::TeardownSample { .. } => return self.stacks.as_mut()?.resolve(e),
+            EventData::TeardownSample { .. } => {
+                let stacks = self.stacks.as_mut()?;
+                return self.watch.within(Part::Stacks, || stacks.resolve(e));
+            }
             EventData::GpuFd {
                 op: FdOp::Open | FdOp::Dup,
                 ..

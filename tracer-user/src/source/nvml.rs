@@ -1,8 +1,10 @@
 //! The NVML sampler: GPU memory and the processes NVML accounts it to, on a thread of its own.
 //!
 //! Quiet machines are read about once a second; while a killed process's GPU memory is awaited
-//! the collector asks for fast sampling and readings come every millisecond or two (each read
-//! costs about 10 µs on an H200), so the moment the memory is back is known to the millisecond.
+//! the analysis asks for the pace its moment needs: every few tens of milliseconds where the
+//! kernel's release will tell it and NVML only confirms, every millisecond where NVML alone can
+//! (a reading costs about 0.1 ms of CPU on an H200 with a dozen GPU processes, so a busy node
+//! cannot afford a millisecond pace all the time).
 
 use std::{
     sync::{
@@ -29,7 +31,12 @@ use crate::{
 pub const QUIET_PERIOD: Duration = Duration::from_secs(1);
 /// Quiet period with `--lean`: NVML's process list is how new GPU holders are found then.
 pub const LEAN_QUIET_PERIOD: Duration = Duration::from_millis(100);
+/// While NVML alone can tell when memory comes back.
 pub const FAST_PERIOD: Duration = Duration::from_millis(1);
+/// While a kernel release awaits NVML's confirmation.
+pub const CONFIRM_PERIOD: Duration = Duration::from_millis(2);
+/// While teardowns the kernel will time are under way.
+pub const AWAIT_PERIOD: Duration = Duration::from_millis(20);
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
@@ -45,8 +52,7 @@ pub struct NvmlSampler {
 }
 
 impl NvmlSampler {
-    /// Starts sampling into `out`, every `quiet` period, every millisecond while `pace` is
-    /// fast, charging its thread's CPU time to `cost`; or says why NVML is not available.
+    /// Starts sampling into `out`, every `quiet` period or as `pace` asks, charging its thread's CPU time to `cost`; or says why NVML is not available.
     pub fn start(
         out: UnboundedSender<Event>,
         pace: Arc<Pace>,
@@ -156,7 +162,7 @@ fn sample_loop(
         .collect();
     let mut last = Instant::now() - quiet;
     while !pace.is_stopped() {
-        let period = if pace.is_fast() { FAST_PERIOD } else { quiet };
+        let period = pace.period().map_or(quiet, |p| p.min(quiet));
         if let Some(left) = period.checked_sub(last.elapsed()).filter(|d| !d.is_zero()) {
             pace.sleep(left);
             continue;

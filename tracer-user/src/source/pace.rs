@@ -1,7 +1,8 @@
-//! The NVML thread's pace: a quiet period while nothing is awaited, every millisecond while a
-//! release is. The thread sleeps on a condition variable, not in 1 ms steps, so a quiet machine
-//! sees one wake-up per quiet period (1000 wake-ups a second slowed bystanders on the H200's
-//! CPUs), and the analysis's switch to fast wakes it at once.
+//! The NVML thread's pace: a quiet period while nothing is awaited, the period the analysis asks
+//! for while a release is (every millisecond where only NVML can time it). The thread sleeps on
+//! a condition variable, not in 1 ms steps, so a quiet machine sees one wake-up per quiet period
+//! (1000 wake-ups a second slowed bystanders on the H200's CPUs), and a change of pace wakes it
+//! at once.
 
 use std::{
     sync::{Condvar, Mutex, MutexGuard},
@@ -10,7 +11,8 @@ use std::{
 
 #[derive(Default, Clone, Copy, PartialEq)]
 struct State {
-    fast: bool,
+    /// The period asked for; None: the quiet one.
+    period: Option<Duration>,
     stop: bool,
 }
 
@@ -21,17 +23,18 @@ pub struct Pace {
 }
 
 impl Pace {
-    /// Sets fast sampling on or off; wakes the sleeper when that changes.
-    pub fn set_fast(&self, fast: bool) {
+    /// Asks for a reading every `period` (None: the quiet period); wakes the sleeper when
+    /// that changes.
+    pub fn set_period(&self, period: Option<Duration>) {
         let mut s = self.lock();
-        if s.fast != fast {
-            s.fast = fast;
+        if s.period != period {
+            s.period = period;
             self.changed.notify_all();
         }
     }
 
-    pub fn is_fast(&self) -> bool {
-        self.lock().fast
+    pub fn period(&self) -> Option<Duration> {
+        self.lock().period
     }
 
     /// Ends the sleeper's loop.
@@ -44,7 +47,7 @@ impl Pace {
         self.lock().stop
     }
 
-    /// Sleeps for `d` or until fast sampling is switched or the sleeper stopped.
+    /// Sleeps for `d` or until the pace changes or the sleeper is stopped.
     pub fn sleep(&self, d: Duration) {
         let s = self.lock();
         let before = *s;
@@ -71,7 +74,7 @@ mod tests {
     use super::Pace;
 
     #[test]
-    fn switching_to_fast_wakes_a_long_sleep_at_once() {
+    fn a_change_of_pace_wakes_a_long_sleep_at_once() {
         let pace = Arc::new(Pace::default());
         let p = Arc::clone(&pace);
         let sleeper = thread::spawn(move || {
@@ -80,16 +83,16 @@ mod tests {
             t.elapsed()
         });
         thread::sleep(Duration::from_millis(50));
-        pace.set_fast(true);
+        pace.set_period(Some(Duration::from_millis(1)));
         let slept = sleeper.join().expect("sleeper");
         assert!(slept < Duration::from_secs(10), "slept {slept:?}");
-        assert!(pace.is_fast());
+        assert_eq!(pace.period(), Some(Duration::from_millis(1)));
     }
 
     #[test]
     fn a_sleep_lasts_its_period_when_nothing_changes() {
         let pace = Pace::default();
-        pace.set_fast(true);
+        pace.set_period(Some(Duration::from_millis(1)));
         let t = Instant::now();
         pace.sleep(Duration::from_millis(30));
         assert!(t.elapsed() >= Duration::from_millis(30));

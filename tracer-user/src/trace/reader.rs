@@ -73,6 +73,16 @@ impl<'a> Chunk<'a> {
     }
 }
 
+/// One good chunk as stored in its file: what copying it into another trace takes.
+pub struct StoredChunk<'a> {
+    pub records: u32,
+    pub raw_len: u32,
+    pub codec: u8,
+    pub t_first_ns: u64,
+    pub t_last_ns: u64,
+    pub stored: &'a [u8],
+}
+
 struct ChunkHeader {
     seq: u32,
     stored_len: usize,
@@ -195,6 +205,66 @@ impl<R: Read> TraceReader<R> {
     /// The next good chunk, skipping and recording damage; None at the end of the file.
     pub fn next_chunk(&mut self) -> io::Result<Option<Chunk<'_>>> {
         loop {
+            let Some((h, at)) = self.next_checked()? else {
+                return Ok(None);
+            };
+            let whole = CHUNK_HEADER_LEN + h.stored_len;
+            let stored = &self.input.available()[CHUNK_HEADER_LEN..whole];
+            let unpacked = match h.codec {
+                format::CODEC_NONE => {
+                    self.body.clear();
+                    self.body.extend_from_slice(stored);
+                    Ok(())
+                }
+                format::CODEC_ZSTD => {
+                    unzstd(&mut self.decompressor, stored, h.raw_len, &mut self.body)
+                }
+                other => Err(format!("chunk codec {other} unknown to this linger")),
+            };
+            self.input.consume(whole);
+            if let Err(reason) = unpacked {
+                self.lost(&h, at, whole as u64, &reason);
+                continue;
+            }
+            self.count(&h);
+            return Ok(Some(Chunk {
+                seq: h.seq,
+                records: h.records,
+                t_first_ns: h.t_first_ns,
+                t_last_ns: h.t_last_ns,
+                end_offset: self.input.offset(),
+                body: &self.body,
+            }));
+        }
+    }
+
+    /// The next good chunk as it is stored (its body checked, not decompressed), for copying
+    /// it into another trace; None at the end of the file.
+    pub fn next_stored_chunk(&mut self) -> io::Result<Option<StoredChunk<'_>>> {
+        let Some((h, _)) = self.next_checked()? else {
+            return Ok(None);
+        };
+        let whole = CHUNK_HEADER_LEN + h.stored_len;
+        self.body.clear();
+        self.body
+            .extend_from_slice(&self.input.available()[CHUNK_HEADER_LEN..whole]);
+        self.input.consume(whole);
+        self.count(&h);
+        Ok(Some(StoredChunk {
+            records: h.records,
+            raw_len: h.raw_len as u32,
+            codec: h.codec,
+            t_first_ns: h.t_first_ns,
+            t_last_ns: h.t_last_ns,
+            stored: &self.body,
+        }))
+    }
+
+    /// Finds the next chunk whose header and body checksums hold, skipping and recording
+    /// damage; leaves it whole at the start of the input, not consumed. Returns its header
+    /// and offset.
+    fn next_checked(&mut self) -> io::Result<Option<(ChunkHeader, u64)>> {
+        loop {
             let at = self.input.offset();
             let window = self.input.fill(CHUNK_HEADER_LEN)?;
             if window.is_empty() {
@@ -241,45 +311,25 @@ impl<R: Read> TraceReader<R> {
                 );
                 continue;
             }
-            let stored = &window[CHUNK_HEADER_LEN..whole];
-            if crc32c::crc32c(stored) != h.body_crc {
+            if crc32c::crc32c(&window[CHUNK_HEADER_LEN..whole]) != h.body_crc {
                 self.input.consume(whole);
                 self.lost(&h, at, whole as u64, "chunk body checksum mismatch");
                 continue;
             }
-            let unpacked = match h.codec {
-                format::CODEC_NONE => {
-                    self.body.clear();
-                    self.body.extend_from_slice(stored);
-                    Ok(())
-                }
-                format::CODEC_ZSTD => {
-                    unzstd(&mut self.decompressor, stored, h.raw_len, &mut self.body)
-                }
-                other => Err(format!("chunk codec {other} unknown to this linger")),
-            };
-            self.input.consume(whole);
-            if let Err(reason) = unpacked {
-                self.lost(&h, at, whole as u64, &reason);
-                continue;
-            }
-            if let Some(expected) = self.next_seq {
-                let gap = h.seq.wrapping_sub(expected);
-                if gap > 0 && gap < u32::MAX / 2 {
-                    self.stats.chunks_lost += u64::from(gap);
-                }
-            }
-            self.next_seq = Some(h.seq.wrapping_add(1));
-            self.stats.chunks += 1;
-            return Ok(Some(Chunk {
-                seq: h.seq,
-                records: h.records,
-                t_first_ns: h.t_first_ns,
-                t_last_ns: h.t_last_ns,
-                end_offset: self.input.offset(),
-                body: &self.body,
-            }));
+            return Ok(Some((h, at)));
         }
+    }
+
+    /// Counts a good chunk, and the chunks lost before it by its sequence number.
+    fn count(&mut self, h: &ChunkHeader) {
+        if let Some(expected) = self.next_seq {
+            let gap = h.seq.wrapping_sub(expected);
+            if gap > 0 && gap < u32::MAX / 2 {
+                self.stats.chunks_lost += u64::from(gap);
+            }
+        }
+        self.next_seq = Some(h.seq.wrapping_add(1));
+        self.stats.chunks += 1;
     }
 
     /// Skips to the next chunk magic after damage at `at`.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::{
     format::{self, kind},
     meta::TraceMeta,
-    reader::Chunk,
+    reader::{Chunk, StoredChunk},
     record,
     snapshot::Process,
 };
@@ -232,6 +232,42 @@ impl<W: Write> TraceWriter<W> {
         self.t_last = 0;
     }
 
+    /// Writes a chunk of another trace as it was stored, after the pending records, in this
+    /// file's sequence: a join of traces without decompressing them.
+    pub fn copy_chunk(&mut self, chunk: &StoredChunk) {
+        self.flush_chunk();
+        if self.error.is_some() {
+            return;
+        }
+        self.stored.clear();
+        put_chunk_header(
+            &mut self.stored,
+            &Header {
+                seq: self.seq,
+                stored_len: chunk.stored.len() as u32,
+                raw_len: chunk.raw_len,
+                records: chunk.records,
+                codec: chunk.codec,
+                t_first_ns: chunk.t_first_ns,
+                t_last_ns: chunk.t_last_ns,
+            },
+            chunk.stored,
+        );
+        let written = self
+            .out
+            .write_all(&self.stored)
+            .and_then(|()| self.out.write_all(chunk.stored))
+            .and_then(|()| self.out.flush());
+        if let Err(e) = written {
+            return self.fail(e);
+        }
+        self.seq = self.seq.wrapping_add(1);
+        self.stats.chunks += 1;
+        self.stats.records += u64::from(chunk.records);
+        self.stats.raw_bytes += u64::from(chunk.raw_len);
+        self.stats.file_bytes += (self.stored.len() + chunk.stored.len()) as u64;
+    }
+
     fn write_chunk(&mut self) -> io::Result<()> {
         let chunk = Chunk {
             seq: self.seq,
@@ -287,18 +323,47 @@ pub fn encode_chunk(
         _ => (format::CODEC_NONE, chunk.body),
     };
     out.clear();
-    out.extend_from_slice(&format::CHUNK_MAGIC);
-    out.put_u32_le(chunk.seq);
-    out.put_u32_le(stored.len() as u32);
-    out.put_u32_le(chunk.body.len() as u32);
-    out.put_u32_le(chunk.records);
-    out.put_u8(codec);
-    out.put_bytes(0, 3);
-    out.put_u64_le(chunk.t_first_ns);
-    out.put_u64_le(chunk.t_last_ns);
-    out.put_u32_le(crc32c::crc32c(stored));
-    let header_crc = crc32c::crc32c(out);
-    out.put_u32_le(header_crc);
+    put_chunk_header(
+        out,
+        &Header {
+            seq: chunk.seq,
+            stored_len: stored.len() as u32,
+            raw_len: chunk.body.len() as u32,
+            records: chunk.records,
+            codec,
+            t_first_ns: chunk.t_first_ns,
+            t_last_ns: chunk.t_last_ns,
+        },
+        stored,
+    );
     out.extend_from_slice(stored);
     Ok(())
+}
+
+/// A chunk header's fields, less its checksums.
+struct Header {
+    seq: u32,
+    stored_len: u32,
+    raw_len: u32,
+    records: u32,
+    codec: u8,
+    t_first_ns: u64,
+    t_last_ns: u64,
+}
+
+/// Appends the chunk header of a body stored as `stored`.
+fn put_chunk_header(out: &mut Vec<u8>, h: &Header, stored: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&format::CHUNK_MAGIC);
+    out.put_u32_le(h.seq);
+    out.put_u32_le(h.stored_len);
+    out.put_u32_le(h.raw_len);
+    out.put_u32_le(h.records);
+    out.put_u8(h.codec);
+    out.put_bytes(0, 3);
+    out.put_u64_le(h.t_first_ns);
+    out.put_u64_le(h.t_last_ns);
+    out.put_u32_le(crc32c::crc32c(stored));
+    let header_crc = crc32c::crc32c(&out[start..]);
+    out.put_u32_le(header_crc);
 }
