@@ -389,9 +389,9 @@ impl Correlator {
     }
 
     /// How closely NVML should be read now: each awaited release asks for what tells its
-    /// moment. NVML's readings cost the collector about 0.1 ms of CPU each on an H200 with a
-    /// dozen GPU processes, so reading every millisecond is kept for releases only NVML can
-    /// time; a busy node's churn always has some teardown under way.
+    /// moment. A reading costs the collector up to milliseconds of CPU on a busy H200, so
+    /// reading every millisecond is kept for releases only NVML can time; a busy node's churn
+    /// always has some teardown under way.
     pub fn nvml_need(&self) -> NvmlNeed {
         self.memory
             .awaited(self.now_ns)

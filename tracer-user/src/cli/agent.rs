@@ -2,8 +2,10 @@
 //! `--metrics-listen` and the incidents as JSON lines in `--state-dir`.
 
 use std::{
+    cell::RefCell,
     net::SocketAddr,
     path::PathBuf,
+    rc::Rc,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -21,7 +23,7 @@ use tracer_user::{
     clock::boottime_ns,
     event::{Event, EventData, Strategy},
     output::{FlightOptions, FlightRecorder, IncidentLog},
-    source::{gpu::GpuSources, procfs},
+    source::{collect::Tap, gpu::GpuSources, procfs},
     trace::TraceMeta,
 };
 
@@ -131,7 +133,8 @@ struct Agent {
     unattributed_at: Option<Instant>,
     nvml_errors: Option<Arc<AtomicU64>>,
     flight_plan: Option<FlightPlan>,
-    flight: Option<FlightRecorder>,
+    /// The stream's tap as well: told of incidents here.
+    flight: Option<Rc<RefCell<FlightRecorder>>>,
 }
 
 /// Where the flight recorder goes, until the collector starts.
@@ -153,7 +156,7 @@ impl Companion for Agent {
             ) {
                 Ok(f) => {
                     eprintln!("linger agent: flight recorder in {}", f.dir().display());
-                    self.flight = Some(f);
+                    self.flight = Some(Rc::new(RefCell::new(f)));
                 }
                 Err(e) => eprintln!("linger agent: no flight recorder: {e:#}"),
             }
@@ -196,10 +199,12 @@ impl Companion for Agent {
         self.nvml_errors = nvml.map(|(_, _, e)| e);
     }
 
+    fn tap(&self) -> Option<Rc<RefCell<dyn Tap>>> {
+        let f = Rc::clone(self.flight.as_ref()?);
+        Some(f)
+    }
+
     fn event(&mut self, e: &Event) {
-        if let Some(f) = &mut self.flight {
-            f.event(e);
-        }
         let Some(metrics) = self.metrics.as_mut() else {
             return;
         };
@@ -228,14 +233,14 @@ impl Companion for Agent {
         if let Some(m) = self.metrics.as_mut() {
             m.on_record(r);
         }
-        if let (Some(f), Record::Incident(inc)) = (&mut self.flight, r) {
-            f.incident(inc);
+        if let (Some(f), Record::Incident(inc)) = (&self.flight, r) {
+            f.borrow_mut().incident(inc);
         }
     }
 
     fn finish(&mut self) {
-        if let Some(f) = &mut self.flight {
-            f.finish(boottime_ns());
+        if let Some(f) = &self.flight {
+            f.borrow_mut().finish(boottime_ns());
         }
     }
 }

@@ -1,9 +1,11 @@
 //! `linger live`: trace fatal signals until stopped.
 
 use std::{
+    cell::RefCell,
     io::Write,
     ops::ControlFlow,
     path::PathBuf,
+    rc::Rc,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -113,6 +115,11 @@ pub trait Companion {
     /// Once, on the collector's runtime, before the first event; `meta` describes the run
     /// as a recording would.
     fn start(&mut self, _gpu: &GpuSources, _strategy: &Strategy, _meta: &TraceMeta) {}
+    /// After `start`: a tap that records the stream as `--record` does (the flight
+    /// recorder), seeing kernel records before they are decoded.
+    fn tap(&self) -> Option<Rc<RefCell<dyn Tap>>> {
+        None
+    }
     fn event(&mut self, _e: &Event) {}
     fn record(&mut self, _r: &AnalysisOutput) {}
     /// Once, after the last event.
@@ -247,12 +254,16 @@ pub fn trace(
             companion.event(&me);
             companion.event(&strategy);
         });
+        let mut side = companion.tap();
+        side.event(&me);
+        side.event(&strategy);
+        let mut tap = (&mut recorder, side);
         let source = KernelSource::new(probes)?;
         let source = collect::run_tapped(
             source,
             Some(&mut gpu),
             args.duration,
-            &mut recorder,
+            &mut tap,
             // Once everything is attached, the holders at start are known and a Ctrl-C
             // would end the run cleanly.
             ready,

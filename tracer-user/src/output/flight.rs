@@ -31,7 +31,7 @@ use crate::{
     analysis::{verdict::VerdictKind, Incident},
     escape,
     event::{Event, EventData},
-    source::procfs,
+    source::{collect::Tap, procfs},
     trace::{writer, EndSummary, TraceMeta, TraceReader, TraceWriter, WriterOptions},
 };
 
@@ -160,7 +160,8 @@ impl FlightRecorder {
         &self.dir
     }
 
-    /// One event of the stream, in the analysis's order.
+    /// One event of the stream, in the analysis's order (a kernel record's comes from
+    /// [`Tap::kernel`], as it was delivered).
     pub fn event(&mut self, e: &Event) {
         match &e.data {
             EventData::Collector { .. }
@@ -423,6 +424,20 @@ impl FlightRecorder {
             self.warned = Some(Instant::now());
             warn!("flight recorder: {what} (counted in linger_flight_recorder_errors_total)");
         }
+    }
+}
+
+/// Sees the stream as the `--record` trace does: kernel records verbatim, the collector's
+/// events.
+impl Tap for FlightRecorder {
+    fn kernel(&mut self, raw: &[u8]) {
+        if let Some(s) = &mut self.current {
+            s.writer.kernel(raw);
+        }
+    }
+
+    fn event(&mut self, e: &Event) {
+        FlightRecorder::event(self, e);
     }
 }
 

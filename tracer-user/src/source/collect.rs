@@ -1,6 +1,6 @@
 //! The live loop: kernel records, drop reports and clock ticks, in one stream.
 
-use std::{ops::ControlFlow, time::Duration};
+use std::{cell::RefCell, ops::ControlFlow, rc::Rc, time::Duration};
 
 use tokio::time::{interval, sleep, MissedTickBehavior};
 
@@ -45,6 +45,40 @@ impl<T: Tap> Tap for Timed<'_, T> {
 
     fn event(&mut self, e: &Event) {
         self.watch.within(Part::Record, || self.tap.event(e));
+    }
+}
+
+impl<T: Tap + ?Sized> Tap for &mut T {
+    fn kernel(&mut self, raw: &[u8]) {
+        (**self).kernel(raw);
+    }
+
+    fn event(&mut self, e: &Event) {
+        (**self).event(e);
+    }
+}
+
+/// Two taps, in turn.
+impl<A: Tap, B: Tap> Tap for (A, B) {
+    fn kernel(&mut self, raw: &[u8]) {
+        self.0.kernel(raw);
+        self.1.kernel(raw);
+    }
+
+    fn event(&mut self, e: &Event) {
+        self.0.event(e);
+        self.1.event(e);
+    }
+}
+
+/// A tap that something else (the agent's flight recorder, told of incidents) holds too.
+impl<T: Tap + ?Sized> Tap for Rc<RefCell<T>> {
+    fn kernel(&mut self, raw: &[u8]) {
+        self.borrow_mut().kernel(raw);
+    }
+
+    fn event(&mut self, e: &Event) {
+        self.borrow_mut().event(e);
     }
 }
 

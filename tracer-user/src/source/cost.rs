@@ -18,7 +18,7 @@ use nix::time::{clock_gettime, ClockId};
 pub enum Part {
     /// Reading and decoding the kernel's records.
     Ring,
-    /// Writing the `--record` trace file.
+    /// Writing recordings: the `--record` trace and the flight recorder's segments.
     Record,
     /// /proc facts read while a process is at hand.
     Enrich,
@@ -30,6 +30,8 @@ pub enum Part {
     Companion,
     /// NVML readings, on their own thread.
     Nvml,
+    /// Of those, the process lists (included in `Nvml`).
+    NvmlProcesses,
     /// Switching the stack sampler on and off.
     Sampler,
     /// Searches, the kernel's hints and loss counters.
@@ -37,7 +39,7 @@ pub enum Part {
 }
 
 impl Part {
-    pub const ALL: [Part; 9] = [
+    pub const ALL: [Part; 10] = [
         Part::Ring,
         Part::Record,
         Part::Enrich,
@@ -45,6 +47,7 @@ impl Part {
         Part::Analysis,
         Part::Companion,
         Part::Nvml,
+        Part::NvmlProcesses,
         Part::Sampler,
         Part::Housekeeping,
     ];
@@ -58,6 +61,7 @@ impl Part {
             Part::Analysis => "analysis",
             Part::Companion => "companion",
             Part::Nvml => "nvml",
+            Part::NvmlProcesses => "nvml_processes",
             Part::Sampler => "sampler",
             Part::Housekeeping => "housekeeping",
         }

@@ -2,9 +2,9 @@
 //!
 //! Quiet machines are read about once a second; while a killed process's GPU memory is awaited
 //! the analysis asks for the pace its moment needs: every few tens of milliseconds where the
-//! kernel's release will tell it and NVML only confirms, every millisecond where NVML alone can
-//! (a reading costs about 0.1 ms of CPU on an H200 with a dozen GPU processes, so a busy node
-//! cannot afford a millisecond pace all the time).
+//! kernel's release will tell it and NVML only confirms, every millisecond where NVML alone can;
+//! and never faster than its cost allows (`CPU_SHARE`): on a busy node a reading costs
+//! milliseconds of CPU.
 
 use std::{
     sync::{
@@ -37,6 +37,11 @@ pub const FAST_PERIOD: Duration = Duration::from_millis(1);
 pub const CONFIRM_PERIOD: Duration = Duration::from_millis(2);
 /// While teardowns the kernel will time are under way.
 pub const AWAIT_PERIOD: Duration = Duration::from_millis(20);
+/// The NVML thread's CPU at most, as a share of one CPU: a reading waits for the one before
+/// it to be paid for at this rate. An H200 answers in about 10 µs while one process dies, but
+/// in about 4 ms of CPU while a dozen jobs start and die around it (the driver is busy), where
+/// the pace the analysis asks for would cost a whole CPU; the kernel's releases time those.
+const CPU_SHARE: u64 = 100;
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
@@ -125,7 +130,7 @@ impl Reader {
         (0..self.count)
             .filter_map(|i| {
                 let d = self.nvml.device_by_index(i).ok()?;
-                Some(read(i, &d, &AtomicU64::new(0)))
+                Some(read(i, &d, &AtomicU64::new(0), &Cost::default()))
             })
             .collect()
     }
@@ -161,26 +166,35 @@ fn sample_loop(
         })
         .collect();
     let mut last = Instant::now() - quiet;
+    // What the last reading cost, paid for at CPU_SHARE.
+    let mut paying = Duration::ZERO;
     while !pace.is_stopped() {
-        let period = pace.period().map_or(quiet, |p| p.min(quiet));
+        let asked = pace.period().map_or(quiet, |p| p.min(quiet));
+        let period = asked.max(paying);
         if let Some(left) = period.checked_sub(last.elapsed()).filter(|d| !d.is_zero()) {
             pace.sleep(left);
             continue;
         }
         last = Instant::now();
-        let gpus = devices.iter().map(|(i, d)| read(*i, d, errors)).collect();
+        let before = thread_cpu_ns();
+        let gpus = devices
+            .iter()
+            .map(|(i, d)| read(*i, d, errors, cost))
+            .collect();
         let event = Event::collector(boottime_ns(), EventData::Nvml { gpus });
         if out.send(event).is_err() {
             return;
         }
         let now = thread_cpu_ns();
+        paying = Duration::from_nanos(now.saturating_sub(before) * CPU_SHARE);
         cost.add(Part::Nvml, now.saturating_sub(spent));
         spent = now;
     }
 }
 
 /// One device's memory and processes; each failed call counts in `errors` (and reads as empty).
-fn read(index: u32, device: &Device, errors: &AtomicU64) -> NvmlGpu {
+/// The process lists' CPU time is charged to `cost` apart.
+fn read(index: u32, device: &Device, errors: &AtomicU64, cost: &Cost) -> NvmlGpu {
     fn ok<T: Default, E>(r: Result<T, E>, errors: &AtomicU64) -> T {
         r.unwrap_or_else(|_| {
             errors.fetch_add(1, Ordering::Relaxed);
@@ -188,9 +202,11 @@ fn read(index: u32, device: &Device, errors: &AtomicU64) -> NvmlGpu {
         })
     }
     let (used, total) = ok(device.memory_info().map(|m| (m.used, m.total)), errors);
-    let mut processes: Vec<NvmlProcess> = ok(device.running_compute_processes(), errors)
+    let before = thread_cpu_ns();
+    let listed = ok(device.running_compute_processes(), errors)
         .into_iter()
-        .chain(ok(device.running_graphics_processes(), errors))
+        .chain(ok(device.running_graphics_processes(), errors));
+    let mut processes: Vec<NvmlProcess> = listed
         .map(|p| NvmlProcess {
             pid: p.pid,
             used: match p.used_gpu_memory {
@@ -201,6 +217,8 @@ fn read(index: u32, device: &Device, errors: &AtomicU64) -> NvmlGpu {
         .collect();
     processes.sort_by_key(|p| p.pid);
     processes.dedup_by_key(|p| p.pid);
+    // The sampler's own total includes this; the part says how much of it the lists are.
+    cost.add(Part::NvmlProcesses, thread_cpu_ns().saturating_sub(before));
     NvmlGpu {
         index,
         used,
