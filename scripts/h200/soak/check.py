@@ -98,7 +98,7 @@ def main():
     metrics = [json.loads(l) for l in open(os.path.join(a.dir, "metrics.jsonl"))]
     metrics = [m for m in metrics if "cpu_s" in m]
     if metrics:
-        print("minute  kills  agent CPU s  CPU per kill ms  RSS MB  lost records  lingering GB")
+        print("minute  kills  agent CPU s  CPU per kill ms  without --record  RSS MB  lost records  lingering GB")
         t0 = metrics[0]["t_ns"]
         minute = {}
         for m in metrics:
@@ -109,8 +109,10 @@ def main():
             k = end["kills"] - prev["kills"]
             cpu = end["cpu_s"] - prev["cpu_s"]
             per = f"{cpu / k * 1e3:.1f}" if k else "-"
+            rec = end.get("parts", {}).get("record", 0) - prev.get("parts", {}).get("record", 0)
+            bare = f"{(cpu - rec) / k * 1e3:.1f}" if k else "-"
             lost = sum(end.get("lost", {}).values())
-            print(f"{n:6d} {k:6d} {cpu:12.1f} {per:>16} {end['rss'] / 1e6:7.0f}  {lost:12.0f}  "
+            print(f"{n:6d} {k:6d} {cpu:12.1f} {per:>16} {bare:>17} {end['rss'] / 1e6:7.0f}  {lost:12.0f}  "
                   f"{end.get('lingering', 0) / 1e9:12.2f}")
             prev = end
         print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")

@@ -3,8 +3,12 @@
 //! of the analysis reads (`ledger::is_unread_control`: most of a CUDA program's driver calls).
 //! The file header, the metadata and every other record stay byte for byte, in their chunks.
 //!
+//! With `--until S`, only the chunks that begin within the first S seconds of the recording
+//! are kept: a long run's opening as a fixture, read like the trace of a recorder stopped there
+//! (no closing summary).
+//!
 //! ```text
-//! linger-trace-trim IN OUT [--drop-unread-controls]
+//! linger-trace-trim IN OUT [--drop-unread-controls] [--until S]
 //! ```
 //!
 //! A damaged input is refused. Check what a trim kept with `linger replay --json` of both
@@ -40,6 +44,9 @@ struct Args {
     /// Leave out successful RM controls that no rule of the analysis reads.
     #[arg(long)]
     drop_unread_controls: bool,
+    /// Keep only the chunks that begin within this many seconds of the recording's start.
+    #[arg(long, value_name = "S")]
+    until: Option<f64>,
 }
 
 fn main() -> Result<()> {
@@ -51,6 +58,9 @@ fn main() -> Result<()> {
     File::open(&args.input)?.read_exact(&mut head)?;
 
     let mut reader = TraceReader::new(File::open(&args.input)?)?;
+    let until = args
+        .until
+        .map(|s| reader.meta().start_boot_ns + (s * 1e9) as u64);
     let mut out = File::create_new(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))?;
     out.write_all(&head)?;
@@ -58,6 +68,9 @@ fn main() -> Result<()> {
     let (mut body, mut stored) = (Vec::new(), Vec::new());
     let (mut kept, mut dropped) = (0u64, 0u64);
     while let Some(chunk) = reader.next_chunk()? {
+        if until.is_some_and(|u| chunk.t_first_ns > u) {
+            break;
+        }
         body.clear();
         let mut records = 0;
         for r in chunk.records() {

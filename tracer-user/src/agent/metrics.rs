@@ -228,7 +228,7 @@ impl Metrics {
         registry.register(
             "linger_collector_cpu_seconds",
             "The agent's own CPU time, by part of its work (ring, record, enrich, stacks, \
-             analysis, companion, nvml, nvml_processes, sampler, housekeeping)",
+             analysis, companion, search, nvml, nvml_processes, sampler, housekeeping)",
             cpu.clone(),
         );
         registry.register(

@@ -254,7 +254,10 @@ pub fn trace(
             companion.event(&me);
             companion.event(&strategy);
         });
-        let mut side = companion.tap();
+        // The companion's recording is its own cost, not the trace file's.
+        let mut side = companion
+            .tap()
+            .map(|t| collect::Timed::new(t, watch.clone(), Part::Companion));
         side.event(&me);
         side.event(&strategy);
         let mut tap = (&mut recorder, side);

@@ -32,19 +32,26 @@ impl Tap for () {
     fn event(&mut self, _: &Event) {}
 }
 
-/// A tap whose time is charged to writing the recording.
-struct Timed<'t, T> {
-    tap: &'t mut T,
+/// A tap whose time is charged to a part of the collector's work.
+pub struct Timed<T> {
+    tap: T,
     watch: Stopwatch,
+    part: Part,
 }
 
-impl<T: Tap> Tap for Timed<'_, T> {
+impl<T> Timed<T> {
+    pub fn new(tap: T, watch: Stopwatch, part: Part) -> Self {
+        Self { tap, watch, part }
+    }
+}
+
+impl<T: Tap> Tap for Timed<T> {
     fn kernel(&mut self, raw: &[u8]) {
-        self.watch.within(Part::Record, || self.tap.kernel(raw));
+        self.watch.within(self.part, || self.tap.kernel(raw));
     }
 
     fn event(&mut self, e: &Event) {
-        self.watch.within(Part::Record, || self.tap.event(e));
+        self.watch.within(self.part, || self.tap.event(e));
     }
 }
 
@@ -137,10 +144,7 @@ pub async fn run_tapped(
     let watch = gpu
         .as_deref()
         .map_or_else(|| Cost::default().watch(Part::Housekeeping), |g| g.watch());
-    let tap = &mut Timed {
-        tap,
-        watch: watch.clone(),
-    };
+    let tap = &mut Timed::new(tap, watch.clone(), Part::Record);
 
     let mut batch = Vec::with_capacity(1024);
     let mut losses_read = 0;
@@ -197,6 +201,7 @@ pub async fn run_tapped(
         sink.batch_done();
         watch.switch(Part::Housekeeping);
         if let Some(gpu) = gpu.as_deref_mut() {
+            watch.switch(Part::Search);
             if let Some(pids) = gpu.take_search() {
                 source.search(&pids);
             }

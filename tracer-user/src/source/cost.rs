@@ -18,7 +18,7 @@ use nix::time::{clock_gettime, ClockId};
 pub enum Part {
     /// Reading and decoding the kernel's records.
     Ring,
-    /// Writing recordings: the `--record` trace and the flight recorder's segments.
+    /// Writing the `--record` trace.
     Record,
     /// /proc facts read while a process is at hand.
     Enrich,
@@ -28,6 +28,8 @@ pub enum Part {
     Analysis,
     /// What runs beside the analysis: the agent's metrics and flight recorder.
     Companion,
+    /// Looking through /proc for who holds a dead process's files.
+    Search,
     /// NVML readings, on their own thread.
     Nvml,
     /// Of those, the process lists (included in `Nvml`).
@@ -39,13 +41,14 @@ pub enum Part {
 }
 
 impl Part {
-    pub const ALL: [Part; 10] = [
+    pub const ALL: [Part; 11] = [
         Part::Ring,
         Part::Record,
         Part::Enrich,
         Part::Stacks,
         Part::Analysis,
         Part::Companion,
+        Part::Search,
         Part::Nvml,
         Part::NvmlProcesses,
         Part::Sampler,
@@ -60,6 +63,7 @@ impl Part {
             Part::Stacks => "stacks",
             Part::Analysis => "analysis",
             Part::Companion => "companion",
+            Part::Search => "search",
             Part::Nvml => "nvml",
             Part::NvmlProcesses => "nvml_processes",
             Part::Sampler => "sampler",
