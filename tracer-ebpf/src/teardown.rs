@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     macros::{btf_tracepoint, map, perf_event},
-    maps::{Array, HashMap, StackTrace},
+    maps::{Array, HashMap, LruHashMap, StackTrace},
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext},
 };
 use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
@@ -18,6 +18,17 @@ use crate::{
 /// Dying GPU processes (from the fatal signal until freed) → when they started dying.
 #[map]
 pub static DYING: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// On-CPU samples taken of each dying process so far (reset when it starts dying).
+#[map]
+static ONCPU_TAKEN: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// A teardown's first this many on-CPU samples are all kept; of the later ones, one in
+/// `ONCPU_THIN`. A sample's weight is the time since its thread's previous one, so thinning
+/// coarsens a long teardown's phases and flamegraph without losing time; a busy node's
+/// churn of dying processes otherwise fills the ring with them.
+const ONCPU_FULL: u32 = 256;
+const ONCPU_THIN: u32 = 8;
 
 /// Driver kthreads woken by a dying process → that process.
 #[map]
@@ -56,8 +67,11 @@ pub fn is_dying(tgid: u32) -> bool {
 
 pub fn start_dying(tgid: u32) {
     // SAFETY: existence check only.
-    if unsafe { DYING.get(tgid) }.is_none() && DYING.insert(tgid, now_ns(), 0).is_err() {
-        count_loss(Loss::Dying);
+    if unsafe { DYING.get(tgid) }.is_none() {
+        if DYING.insert(tgid, now_ns(), 0).is_err() {
+            count_loss(Loss::Dying);
+        }
+        let _ = ONCPU_TAKEN.insert(tgid, 0, 0);
     }
     if let Some(hint) = DYING_HINT.get_ptr_mut(0) {
         // SAFETY: a valid map value; a plain store is atomic for a u32.
@@ -112,6 +126,9 @@ pub fn teardown_oncpu(ctx: PerfEventContext) -> u32 {
     let Some(owner) = owner_of(tgid, tid) else {
         return 0;
     };
+    if !keep_oncpu(owner) {
+        return 0;
+    }
     let stack_id = stack_id(&ctx);
     emit::<TeardownSample>(|e| {
         e.kind = SampleKind::OnCpu as u32;
@@ -120,6 +137,19 @@ pub fn teardown_oncpu(ctx: PerfEventContext) -> u32 {
         e.tid = tid;
     });
     0
+}
+
+/// Counts an on-CPU sample of `owner`'s teardown; whether to keep it (see `ONCPU_FULL`).
+fn keep_oncpu(owner: u32) -> bool {
+    let Some(n) = ONCPU_TAKEN.get_ptr_mut(owner) else {
+        return true;
+    };
+    // SAFETY: a valid map value; a lost increment between CPUs only shifts the thinning.
+    unsafe {
+        let taken = *n;
+        *n = taken.wrapping_add(1);
+        taken < ONCPU_FULL || taken % ONCPU_THIN == 0
+    }
 }
 
 /// tp_btf sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
