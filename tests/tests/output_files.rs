@@ -12,7 +12,7 @@ use std::{
 
 use linger_tests::{linger, require_root, TempDir};
 use nix::unistd::{Gid, Uid};
-use tracer_user::output::{check_state_dir, StateDirError};
+use tracer_user::output::{check_state_dir, create_state_dir, StateDirError};
 
 const NOBODY: u32 = 65534;
 
@@ -224,4 +224,28 @@ fn hostile_state_directories_are_refused_with_the_reason() {
     symlink(dir.join("good"), &link).expect("symlink");
     let err = check_state_dir(&link).expect_err("a link");
     assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    // Creating refuses what it finds there just the same.
+    let err = create_state_dir(&link).expect_err("a link");
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    let err = create_state_dir(&inner.join("new")).expect_err("swappable from above");
+    assert!(err.to_string().contains("must belong to root"), "{err}");
+}
+
+#[test]
+fn a_missing_state_directory_is_created_private_and_a_failure_says_why_once() {
+    require_root();
+    let dir = TempDir::new("out-state-new");
+    let state = dir.join("var/lib/linger");
+    create_state_dir(&state).expect("created");
+    for d in [dir.join("var"), dir.join("var/lib"), state.clone()] {
+        let mode = fs::metadata(&d).expect("made").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", d.display());
+    }
+    check_state_dir(&state).expect("what was made passes the checks");
+    create_state_dir(&state).expect("an existing one is taken as it is");
+
+    fs::write(dir.join("file"), b"").expect("a file");
+    let err = create_state_dir(&dir.join("file/linger")).expect_err("under a file");
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(chain.matches("Not a directory").count(), 1, "{chain}");
 }

@@ -17,7 +17,7 @@ use std::{
 use log::warn;
 use prometheus_client::metrics::counter::Counter;
 
-use super::check_state_dir;
+use super::create_state_dir;
 use crate::escape;
 
 pub const FILE_NAME: &str = "incidents.jsonl";
@@ -37,8 +37,8 @@ pub struct IncidentLog {
 }
 
 impl IncidentLog {
-    /// Opens (appending) `dir/incidents.jsonl` after checking that `dir` is safe to write in
-    /// as root; `reopen` set means: close and open the file again before the next line.
+    /// Opens (appending) `dir/incidents.jsonl` after creating `dir` where missing and checking
+    /// that it is safe to write in as root; `reopen` set means: close and open the file again before the next line.
     pub fn open(
         dir: &Path,
         max_bytes: u64,
@@ -46,7 +46,7 @@ impl IncidentLog {
         reopen: Arc<AtomicBool>,
         errors: Counter,
     ) -> anyhow::Result<Self> {
-        check_state_dir(dir)?;
+        create_state_dir(dir)?;
         let mut log = Self {
             path: dir.join(FILE_NAME),
             file: None,

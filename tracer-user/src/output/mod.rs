@@ -15,4 +15,4 @@ mod state_dir;
 pub use file::{Existing, OutputError, OutputFile};
 pub use flight::{FlightOptions, FlightRecorder, Snapshot};
 pub use incident_log::{IncidentLog, FILE_NAME as INCIDENT_LOG};
-pub use state_dir::{check_state_dir, StateDirError};
+pub use state_dir::{check_state_dir, create_state_dir, StateDirError};

@@ -3,7 +3,7 @@
 
 use std::{
     fs, io,
-    os::unix::fs::{MetadataExt, PermissionsExt},
+    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::Path,
 };
 
@@ -14,12 +14,11 @@ use crate::escape;
 
 #[derive(Debug, Error)]
 pub enum StateDirError {
-    #[error("state directory {path}: {source}")]
-    Unreadable {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    // The cause is in the message, not also the error's source: printed once.
+    #[error("state directory {path}: {cause}")]
+    Unreadable { path: String, cause: io::Error },
+    #[error("creating the state directory {path}: {cause}")]
+    Create { path: String, cause: io::Error },
     #[error("state directory {path} is a symbolic link: it must be the directory itself")]
     Symlink { path: String },
     #[error("state directory {path} is not a directory")]
@@ -53,15 +52,33 @@ fn or_caller(caller: u32) -> String {
 const ROLE_DIR: &str = "a state directory";
 const ROLE_ABOVE: &str = "a directory above the state directory";
 
+/// Creates `path` where it does not exist (mode 0700, as any missing directory above it), then
+/// accepts it or says why not, as [`check_state_dir`].
+pub fn create_state_dir(path: &Path) -> Result<(), StateDirError> {
+    if let Err(e) = fs::symlink_metadata(path) {
+        if e.kind() == io::ErrorKind::NotFound {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|cause| StateDirError::Create {
+                    path: escape::path(path),
+                    cause,
+                })?;
+        }
+    }
+    check_state_dir(path)
+}
+
 /// Accepts `path` as a state directory, or says why not: it must be a directory, not a
 /// symbolic link, owned by root or by the user linger runs as, and writable by that owner
 /// only; each directory above it must be owned likewise and, unless it is sticky (as /tmp
 /// is: nobody renames what others own there), not writable by group or others.
 pub fn check_state_dir(path: &Path) -> Result<(), StateDirError> {
     let shown = || escape::path(path);
-    let unreadable = |source| StateDirError::Unreadable {
+    let unreadable = |cause| StateDirError::Unreadable {
         path: shown(),
-        source,
+        cause,
     };
     let meta = fs::symlink_metadata(path).map_err(unreadable)?;
     if meta.file_type().is_symlink() {
@@ -74,9 +91,9 @@ pub fn check_state_dir(path: &Path) -> Result<(), StateDirError> {
     // The real directories above, links resolved: those are what could be swapped.
     let real = fs::canonicalize(path).map_err(unreadable)?;
     for above in real.ancestors().skip(1) {
-        let meta = fs::metadata(above).map_err(|source| StateDirError::Unreadable {
+        let meta = fs::metadata(above).map_err(|cause| StateDirError::Unreadable {
             path: escape::path(above),
-            source,
+            cause,
         })?;
         check(above, &meta, ROLE_ABOVE, true)?;
     }
