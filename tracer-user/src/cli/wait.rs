@@ -102,14 +102,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let reader = nvml::Reader::open()
         .map_err(|e| anyhow::anyhow!("{e}: linger wait needs NVML to see the GPUs' memory"))?;
     let start = Instant::now();
+    let wanted = |i: u32| args.gpus.is_empty() || args.gpus.contains(&i);
+    let expected = (0..reader.count()).filter(|i| wanted(*i)).count();
     loop {
         let gpus: Vec<NvmlGpu> = reader
             .read()
             .into_iter()
-            .filter(|g| args.gpus.is_empty() || args.gpus.contains(&g.index))
+            .filter(|g| wanted(g.index))
             .collect();
-        let dead = dead_of(&gpus, &args.state_dir);
         let timed_out = args.timeout.is_some_and(|t| start.elapsed() >= t);
+        // A GPU NVML failed to read is not clean: read again, and in the end say so.
+        if gpus.len() < expected {
+            if timed_out {
+                anyhow::bail!(
+                    "NVML failed to read {} of {expected} GPU(s) until the timeout: cannot tell",
+                    expected - gpus.len()
+                );
+            }
+            thread::sleep(POLL);
+            continue;
+        }
+        let dead = dead_of(&gpus, &args.state_dir);
         if dead.is_empty() || timed_out {
             let report = report(dead, &gpus, &devices, start.elapsed());
             if args.json {

@@ -16,7 +16,10 @@ use std::{
 };
 
 use log::warn;
-use nvml_wrapper::{enums::device::UsedGpuMemory, Device, Nvml};
+use nvml_wrapper::{
+    enums::device::UsedGpuMemory, error::NvmlError, struct_wrappers::device::ProcessInfo, Device,
+    Nvml,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{
@@ -125,12 +128,17 @@ impl Reader {
         Ok(Self { nvml, count })
     }
 
-    /// One reading of every GPU.
+    /// The GPUs NVML sees.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// One reading of every GPU NVML could read (a failed one is left out).
     pub fn read(&self) -> Vec<NvmlGpu> {
         (0..self.count)
             .filter_map(|i| {
                 let d = self.nvml.device_by_index(i).ok()?;
-                Some(read(i, &d, &AtomicU64::new(0), &Cost::default()))
+                read(i, &d, &AtomicU64::new(0), &Cost::default())
             })
             .collect()
     }
@@ -177,13 +185,16 @@ fn sample_loop(
         }
         last = Instant::now();
         let before = thread_cpu_ns();
-        let gpus = devices
+        let gpus: Vec<NvmlGpu> = devices
             .iter()
-            .map(|(i, d)| read(*i, d, errors, cost))
+            .filter_map(|(i, d)| read(*i, d, errors, cost))
             .collect();
-        let event = Event::collector(boottime_ns(), EventData::Nvml { gpus });
-        if out.send(event).is_err() {
-            return;
+        // A GPU NVML failed to read is left out: whatever it holds stays as last read.
+        if !gpus.is_empty() {
+            let event = Event::collector(boottime_ns(), EventData::Nvml { gpus });
+            if out.send(event).is_err() {
+                return;
+            }
         }
         let now = thread_cpu_ns();
         paying = Duration::from_nanos(now.saturating_sub(before) * CPU_SHARE);
@@ -192,20 +203,50 @@ fn sample_loop(
     }
 }
 
-/// One device's memory and processes; each failed call counts in `errors` (and reads as empty).
-/// The process lists' CPU time is charged to `cost` apart.
-fn read(index: u32, device: &Device, errors: &AtomicU64, cost: &Cost) -> NvmlGpu {
-    fn ok<T: Default, E>(r: Result<T, E>, errors: &AtomicU64) -> T {
-        r.unwrap_or_else(|_| {
-            errors.fetch_add(1, Ordering::Relaxed);
-            T::default()
-        })
-    }
-    let (used, total) = ok(device.memory_info().map(|m| (m.used, m.total)), errors);
+/// One device's memory and processes; None when NVML failed to say (each failed call counts
+/// in `errors`): a failed reading is no reading, never an empty GPU, which would read as every
+/// process's memory given back. The process lists' CPU time is charged to `cost` apart.
+fn read(index: u32, device: &Device, errors: &AtomicU64, cost: &Cost) -> Option<NvmlGpu> {
+    let memory = device.memory_info().map(|m| (m.used, m.total));
     let before = thread_cpu_ns();
-    let listed = ok(device.running_compute_processes(), errors)
-        .into_iter()
-        .chain(ok(device.running_graphics_processes(), errors));
+    let compute = device.running_compute_processes();
+    let graphics = device.running_graphics_processes();
+    // The sampler's own total includes this; the part says how much of it the lists are.
+    cost.add(Part::NvmlProcesses, thread_cpu_ns().saturating_sub(before));
+    let (gpu, failures) = answers(index, memory, compute, graphics);
+    errors.fetch_add(failures, Ordering::Relaxed);
+    gpu
+}
+
+type Answer<T> = Result<T, NvmlError>;
+
+/// A GPU's reading from NVML's three answers, and how many of them failed: none if any did
+/// (a GPU without graphics contexts may not support listing them: that is an empty list).
+fn answers(
+    index: u32,
+    memory: Answer<(u64, u64)>,
+    compute: Answer<Vec<ProcessInfo>>,
+    graphics: Answer<Vec<ProcessInfo>>,
+) -> (Option<NvmlGpu>, u64) {
+    let graphics = match graphics {
+        Err(NvmlError::NotSupported) => Ok(Vec::new()),
+        other => other,
+    };
+    let failures = [memory.is_err(), compute.is_err(), graphics.is_err()]
+        .iter()
+        .filter(|f| **f)
+        .count() as u64;
+    match (memory, compute, graphics) {
+        (Ok((used, total)), Ok(compute), Ok(graphics)) => (
+            Some(gpu(index, used, total, compute.into_iter().chain(graphics))),
+            0,
+        ),
+        _ => (None, failures),
+    }
+}
+
+/// A GPU's reading from NVML's answers: each process once.
+fn gpu(index: u32, used: u64, total: u64, listed: impl Iterator<Item = ProcessInfo>) -> NvmlGpu {
     let mut processes: Vec<NvmlProcess> = listed
         .map(|p| NvmlProcess {
             pid: p.pid,
@@ -217,12 +258,62 @@ fn read(index: u32, device: &Device, errors: &AtomicU64, cost: &Cost) -> NvmlGpu
         .collect();
     processes.sort_by_key(|p| p.pid);
     processes.dedup_by_key(|p| p.pid);
-    // The sampler's own total includes this; the part says how much of it the lists are.
-    cost.add(Part::NvmlProcesses, thread_cpu_ns().saturating_sub(before));
     NvmlGpu {
         index,
         used,
         total,
         processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nvml_wrapper::{enums::device::UsedGpuMemory, error::NvmlError};
+
+    use super::{answers, ProcessInfo};
+
+    fn process(pid: u32) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: UsedGpuMemory::Used(1 << 30),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_answer_is_no_reading_never_an_empty_gpu() {
+        let memory = || Ok((2 << 30, 80 << 30));
+        let (gpu, failed) = answers(0, memory(), Ok(vec![process(7)]), Ok(Vec::new()));
+        let gpu = gpu.expect("a reading");
+        assert_eq!((gpu.used, gpu.processes.len(), failed), (2 << 30, 1, 0));
+        // Each way NVML can fail mid-teardown: nothing reads as the memory given back.
+        for (m, c, g, n) in [
+            (
+                Err(NvmlError::Unknown),
+                Ok(vec![process(7)]),
+                Ok(Vec::new()),
+                1,
+            ),
+            (memory(), Err(NvmlError::Timeout), Ok(Vec::new()), 1),
+            (memory(), Ok(vec![process(7)]), Err(NvmlError::GpuLost), 1),
+            (
+                Err(NvmlError::GpuLost),
+                Err(NvmlError::GpuLost),
+                Err(NvmlError::GpuLost),
+                3,
+            ),
+        ] {
+            let (gpu, failed) = answers(0, m, c, g);
+            assert!(gpu.is_none());
+            assert_eq!(failed, n);
+        }
+        let (gpu, failed) = answers(
+            0,
+            memory(),
+            Ok(vec![process(7)]),
+            Err(NvmlError::NotSupported),
+        );
+        assert_eq!((gpu.map(|g| g.processes.len()), failed), (Some(1), 0));
     }
 }
