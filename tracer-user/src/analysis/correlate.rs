@@ -18,9 +18,9 @@ use super::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
         ThreadExit,
     },
-    ledger::{Ledger, LedgerPart},
+    ledger::{self, Ledger, LedgerPart},
     losses::LossLog,
-    memory::{Change, MemoryBook, NvmlNeed, Role, Watch},
+    memory::{Change, ImportVia, MemoryBook, NvmlNeed, OwnUse, Residual, Role, Watch},
     notice::SignalNotice,
     references,
     signals::{SIGCHLD, SIGKILL},
@@ -30,6 +30,7 @@ use super::{
     termination::{self, SignalSent},
 };
 use crate::event::{DriverFunc, Event, EventData, FdOp, NvmlGpu, Workload};
+use tracer_common::driver;
 
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
 const RESULT_IGNORED: i32 = 1;
@@ -129,6 +130,8 @@ pub(super) struct Case {
     pub holder_gone: BTreeMap<u32, Option<u64>>,
     /// The process its SIGCHLD went to, and its comm: the one that reaps it.
     parent: Option<(u32, String)>,
+    /// Importers of its memory: comm and parent, as known when the import was found.
+    pub importer_names: BTreeMap<u32, (String, u32)>,
     /// References to its files at death that no known holder accounted for; less as the
     /// search finds their holders.
     pub unaccounted: u64,
@@ -147,7 +150,7 @@ pub struct Correlator {
     pub(super) lean: bool,
     /// Driver calls are traced (not `--lean`, not `--no-ioctls`): an import of a victim's
     /// memory shows in the ledger.
-    ioctls_traced: bool,
+    pub(super) ioctls_traced: bool,
     /// What the strategy could not see, for the incidents of GPU processes.
     pub(super) unseen: Vec<String>,
     /// Boxed: a B-tree node shifts its entries on every insert and removal, and a case is
@@ -282,6 +285,31 @@ impl Correlator {
                 duration_ns,
                 ..
             } if *duration_ns > 0 => self.driver_call(e, *func, *file, *duration_ns),
+            EventData::GpuIoctl { cmd, status: 0, .. }
+                if ledger::escape_nr(*cmd) == driver::RM_FREE =>
+            {
+                self.freed_by(e.pid, e.ts_ns);
+            }
+            EventData::Stack { .. }
+            | EventData::TeardownSample { .. }
+            | EventData::KthreadWakeup { .. } => self.teardown_event(e),
+            _ => {}
+        }
+        // A search walk lists one descriptor per record: report what it found once it is over
+        // (the next event), not descriptor by descriptor.
+        if let EventData::GpuFd {
+            op: FdOp::HeldAtSearch,
+            ..
+        } = e.data
+        {
+            return;
+        }
+        self.advance(out);
+    }
+
+    /// A record of a dying process's teardown: a kernel stack, a sample, a woken kthread.
+    fn teardown_event(&mut self, e: &Event) {
+        match &e.data {
             EventData::Stack { id, frames } => {
                 self.stacks.insert(*id, frames.clone());
             }
@@ -309,16 +337,6 @@ impl Correlator {
             )),
             _ => {}
         }
-        // A search walk lists one descriptor per record: report what it found once it is over
-        // (the next event), not descriptor by descriptor.
-        if let EventData::GpuFd {
-            op: FdOp::HeldAtSearch,
-            ..
-        } = e.data
-        {
-            return;
-        }
-        self.advance(out);
     }
 
     /// Lets every open case take the GPU errors it cites.
@@ -406,16 +424,20 @@ impl Correlator {
             // Its memory is another's, which asks for itself.
             return NvmlNeed::Await;
         }
+        // An import the ledger saw comes back at its importer's own release; one only NVML
+        // suggests, when NVML says.
         let kernel_timed = self.ioctls_traced
             && !w.is_probe()
-            && w.residuals().next().is_none()
+            && w.residuals().all(|r| r.via != ImportVia::Nvml)
             && self.cases.get(&id).is_some_and(|c| c.gpu);
         if !kernel_timed {
             return NvmlNeed::Fast;
         }
-        match self.cases.get(&id).and_then(|c| self.last_release(c)) {
-            Some(_) => NvmlNeed::Confirm,
-            None => NvmlNeed::Await,
+        let released = self.cases.get(&id).and_then(|c| self.last_release(c));
+        if released.is_some() && self.memory.imports_released(id) {
+            NvmlNeed::Confirm
+        } else {
+            NvmlNeed::Await
         }
     }
 
@@ -453,6 +475,7 @@ impl Correlator {
             ledger_parts: Vec::new(),
             holder_gone: BTreeMap::new(),
             parent: None,
+            importer_names: BTreeMap::new(),
             unaccounted: 0,
             reported: None,
             stuck_reported: false,
@@ -626,7 +649,7 @@ impl Correlator {
                 self.memory.placed(id, placed);
                 // Who imported its objects must be asked before its clients are freed.
                 for i in self.ledger.imports_from(&files) {
-                    self.memory.imported(id, i.importer, i.bytes, i.via);
+                    self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
                 }
             }
         }
@@ -690,6 +713,8 @@ impl Correlator {
     /// SIGCHLD from `pid`: it is a zombie, its files released.
     fn zombie(&mut self, pid: u32, parent: (u32, String), t_ns: u64) {
         let Some(&id) = self.unreaped.get(&pid) else {
+            // An importer with no case of its own let go with its exit.
+            self.memory.importer_exited(pid, t_ns);
             return;
         };
         if let Some(c) = self.cases.get_mut(&id) {
@@ -714,13 +739,17 @@ impl Correlator {
             _ => (t_ns, Source::Zombie),
         };
         c.kernel_release = Some(release);
+        let pid = c.inc.target.pid;
         self.agenda.touch(id);
         self.memory.kernel_released(id, release.0);
+        // Whatever it imported went with its files.
+        self.memory.importer_exited(pid, release.0);
         self.holders_changed();
     }
 
     fn reaped(&mut self, e: &Event, reaped_pid: u32, by_wait: bool, comm: &str) {
         let Some(id) = self.unreaped.remove(&reaped_pid) else {
+            self.memory.importer_exited(reaped_pid, e.ts_ns);
             return;
         };
         self.agenda.touch(id);
@@ -864,14 +893,53 @@ impl Correlator {
             .map(Box::as_ref)
     }
 
+    /// Remembers the importers' names while they are known: an import is back with its
+    /// importer's end, when the importer itself may be gone.
+    fn name_importers(&mut self, id: u64, residuals: &[Residual]) {
+        let names: Vec<(u32, (String, u32))> = residuals
+            .iter()
+            .filter_map(|r| Some((r.importer, self.name_of(r.importer)?)))
+            .collect();
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.importer_names.extend(names);
+        }
+    }
+
+    /// A process's comm and parent, from its table or its case.
+    pub(super) fn name_of(&self, pid: u32) -> Option<(String, u32)> {
+        self.holders
+            .process(pid)
+            .map(|p| (p.comm.clone(), p.ppid))
+            .filter(|(comm, _)| !comm.is_empty())
+            .or_else(|| {
+                self.cases
+                    .values()
+                    .find(|o| o.inc.target.pid == pid)
+                    .map(|o| (o.inc.target.comm.clone(), 0))
+            })
+    }
+
+    /// `pid` freed driver objects: whatever of a victim's it imported, if its duplicates
+    /// went with them.
+    fn freed_by(&mut self, pid: u32, t_ns: u64) {
+        for (key, dups) in self.memory.imports_held_by(pid) {
+            if !self.ledger.holds_dups(&dups) {
+                self.memory.import_freed(key, pid, t_ns);
+                self.agenda.touch(key);
+            }
+        }
+    }
+
     fn nvml_reading(&mut self, t_ns: u64, gpus: &[NvmlGpu]) {
-        let ledger = &self.ledger;
-        let changes = self
-            .memory
-            .reading(t_ns, gpus, |pid, from, to| ledger.allocated(pid, from, to));
+        let seen = Seen {
+            ledger: &self.ledger,
+            holders: &self.holders,
+        };
+        let changes = self.memory.reading(t_ns, gpus, seen);
         for change in changes {
-            if let Change::Imported { key, .. } = change {
+            if let Change::Imported { key, residuals } = change {
                 self.memory.activity(key, t_ns);
+                self.name_importers(key, &residuals);
             }
         }
         // The first reading changes how every case's memory is judged. Later ones concern
@@ -1158,6 +1226,9 @@ impl Correlator {
         let Some((back, _)) = self.back(id) else {
             return false;
         };
+        if self.suspicion_pending(id) {
+            return false;
+        }
         let known = c.holder_gone.values().all(Option::is_some);
         let ended = c.inc.t_zombie_ns.is_some() || c.inc.t_reaped_ns.is_some();
         (known && ended) || self.now_ns.saturating_sub(back) >= HELD_REPORT_NS
@@ -1205,10 +1276,25 @@ impl Correlator {
             && !self.others_in_flight(id)
     }
 
+    /// Whether importers hold part of a victim's memory. Where driver calls are traced, an
+    /// importer only NVML suggests counts once its own calls had time to explain its rise.
     fn imported(&self, id: u64) -> bool {
-        self.memory
-            .watch(id)
-            .is_some_and(|w| w.residuals().next().is_some())
+        let now = self.now_ns;
+        self.memory.watch(id).is_some_and(|w| {
+            w.residuals()
+                .any(|r| !(self.ioctls_traced && r.provisional(now)))
+        })
+    }
+
+    /// Whether an importer only NVML suggests may still turn out a job allocating: driver
+    /// calls are traced, and their records had no time to explain its rise yet.
+    fn suspicion_pending(&self, id: u64) -> bool {
+        let now = self.now_ns;
+        self.ioctls_traced
+            && self
+                .memory
+                .watch(id)
+                .is_some_and(|w| w.residuals().any(|r| r.provisional(now)))
     }
 
     /// Whether a dead case is worth a report: deaths by signal always; exits of GPU holders
@@ -1245,10 +1331,14 @@ impl Correlator {
         if self.nvml.is_some() {
             let nvml = self.memory.back_ns(id);
             let confirmed = self.confirmed_release(id, c);
+            let imported = self.memory.has_known_imports(id);
             // NVML's own account where it came with the kernel's release; the confirmed
-            // release where NVML's waits on other jobs' memory or its lagging readings.
+            // release where NVML's waits on other jobs' memory or its lagging readings, and
+            // for imports, whose return NVML sees only as the importer's figure.
             return match (nvml, confirmed) {
-                (Some(n), Some(k)) if n > k + NVML_LATE_NS => Some((k, Source::Confirmed)),
+                (Some(n), Some(k)) if n > k + NVML_LATE_NS || (imported && n >= k) => {
+                    Some((k, Source::Confirmed))
+                }
                 (Some(n), _) => Some((n, Source::Nvml)),
                 (None, k) => k.map(|k| (k, Source::Confirmed)),
             };
@@ -1270,15 +1360,17 @@ impl Correlator {
     }
 
     /// The kernel's last release of a victim's files, once NVML confirms it: no reading since
-    /// lists the pid, and its driver calls show nothing of its memory imported elsewhere.
-    /// Other jobs allocating and freeing at the same moment move the device's used memory
-    /// that NVML's own account of the return waits for; this evidence is the victim's alone.
+    /// lists the pid, and its driver calls show nothing of its memory imported elsewhere, or
+    /// every importer's release of it was confirmed too (then the last of those). Other jobs
+    /// allocating and freeing at the same moment move the device's used memory that NVML's
+    /// own account of the return waits for; this evidence is the victim's and its importers'
+    /// alone.
     fn confirmed_release(&self, id: u64, c: &Case) -> Option<u64> {
         if !self.ioctls_traced {
             return None;
         }
         let t = self.last_release(c)?;
-        self.memory.unlisted_since(id, t).then_some(t)
+        self.memory.confirmed_back(id, t)
     }
 
     fn state(&self, id: u64) -> Option<Reported> {
@@ -1359,4 +1451,24 @@ pub(super) fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// What linger saw processes do themselves, for telling a rise of a process's NVML figure
+/// from an import: its driver calls (the ledger) and its opens.
+struct Seen<'a> {
+    ledger: &'a Ledger,
+    holders: &'a Holders,
+}
+
+impl OwnUse for Seen<'_> {
+    fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64 {
+        self.ledger.taken_on(pid, from_ns, to_ns)
+    }
+
+    fn new_since(&self, pid: u32, t_ns: u64) -> bool {
+        self.holders
+            .process(pid)
+            .and_then(|p| p.first_open_ns)
+            .is_some_and(|t| t >= t_ns)
+    }
 }

@@ -72,6 +72,8 @@ pub struct Process {
     pub ppid: u32,
     pub info: Option<ProcInfo>,
     pub fds: BTreeMap<i32, Fd>,
+    /// When it first opened a GPU device itself, as seen.
+    pub first_open_ns: Option<u64>,
 }
 
 /// A GPU descriptor a process held when its group died.
@@ -156,6 +158,7 @@ impl Holders {
                         ppid: e.pid,
                         info: None,
                         fds,
+                        first_open_ns: None,
                     },
                 );
             }
@@ -215,6 +218,9 @@ impl Holders {
                         }
                         let closed = self.exec_closed.get(&e.pid).and_then(|c| c.get(fd));
                         let p = self.procs.entry(e.pid).or_default();
+                        if *op == FdOp::Open {
+                            p.first_open_ns.get_or_insert(e.ts_ns);
+                        }
                         let keep = p
                             .fds
                             .get(fd)
@@ -372,6 +378,7 @@ impl Holders {
     /// below -1 (one per open) until a walk of the table names the real one.
     fn opened_by_driver(&mut self, e: &Event, file: FileId, dev: u32) {
         let p = self.procs.entry(e.pid).or_default();
+        p.first_open_ns.get_or_insert(e.ts_ns);
         let key = p.fds.keys().next().map_or(-2, |&n| n.min(-1) - 1);
         p.fds.insert(
             key,

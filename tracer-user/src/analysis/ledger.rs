@@ -47,7 +47,7 @@ fn control(ctrl_cmd: u32) -> Option<Control> {
 }
 
 /// The escape code of an ioctl command (the UVM's are plain numbers).
-fn escape_nr(cmd: u32) -> u32 {
+pub fn escape_nr(cmd: u32) -> u32 {
     if cmd <= 0xff {
         cmd
     } else {
@@ -83,6 +83,9 @@ pub struct ImportSeen {
     pub bytes: Option<u64>,
     pub via: ImportVia,
     pub t_ns: u64,
+    /// The importer's duplicates of the victim's objects, (client, handle): while one lives,
+    /// it holds the memory.
+    pub dups: Vec<(u32, u32)>,
 }
 
 #[derive(Clone, Debug)]
@@ -152,7 +155,7 @@ pub struct Ledger {
     /// (pid, client, when) of exports to and imports from file descriptors.
     fd_exports: Vec<(u32, u32, u64)>,
     fd_imports: Vec<(u32, u32, u64)>,
-    /// Recent video memory allocations: (when, pid, bytes).
+    /// Recent video memory taken on, by allocation or duplication: (when, pid, bytes).
     recent: VecDeque<(u64, u32, u64)>,
     /// Device instance → the RM's gpu id (PCI domain, bus, device), from GET_ID_INFO
     /// controls: instances are the driver's, numbered as GPUs were initialised.
@@ -201,15 +204,8 @@ impl Ledger {
                     self.clients.insert(*h_object, *file);
                     self.creators.insert(*h_object, e.pid);
                 }
-                if is_video(*h_class) && size > 0 {
-                    self.recent.push_back((e.ts_ns, e.pid, size));
-                    while self
-                        .recent
-                        .front()
-                        .is_some_and(|r| r.0 + RECENT_NS < e.ts_ns)
-                    {
-                        self.recent.pop_front();
-                    }
+                if is_video(*h_class) {
+                    self.took(e.ts_ns, e.pid, size);
                 }
                 self.clients.entry(*h_root).or_insert(*file);
                 self.objects.entry(*h_root).or_default().insert(
@@ -225,6 +221,9 @@ impl Ledger {
             driver::RM_FREE if *status == 0 => self.free(*h_root, *h_object),
             driver::RM_DUP_OBJECT if *status == 0 => {
                 self.clients.entry(*h_root).or_insert(*file);
+                // NVML charges a duplicate of video memory to the process that made it.
+                let size = self.video_size(*ctrl_cmd, *h_class).unwrap_or(0);
+                self.took(e.ts_ns, e.pid, size);
                 let dup = Dup {
                     pid: e.pid,
                     client: *h_root,
@@ -250,6 +249,33 @@ impl Ledger {
         }
     }
 
+    /// `pid` took on `bytes` of video memory at `t_ns`.
+    fn took(&mut self, t_ns: u64, pid: u32, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.recent.push_back((t_ns, pid, bytes));
+        while self.recent.front().is_some_and(|r| r.0 + RECENT_NS < t_ns) {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The size of video memory object `handle` of `client`, where the ledger knows it.
+    fn video_size(&self, client: u32, handle: u32) -> Option<u64> {
+        self.objects
+            .get(&client)
+            .and_then(|o| o.get(&handle))
+            .filter(|o| is_video(o.class))
+            .map(|o| o.size)
+    }
+
+    /// Whether one of these duplicates, (client, handle), is still alive.
+    pub fn holds_dups(&self, dups: &[(u32, u32)]) -> bool {
+        self.dups
+            .iter()
+            .any(|(d, _)| dups.contains(&(d.client, d.handle)))
+    }
+
     /// Who imported objects of the clients created through `files` (the victim's), and how
     /// much where known. An fd import counts when it came after one of the victim's exports.
     pub fn imports_from(&self, files: &[FileId]) -> Vec<ImportSeen> {
@@ -259,22 +285,22 @@ impl Ledger {
             if !mine(&d.src_client) || mine(&d.client) {
                 continue;
             }
-            let size = self
-                .objects
-                .get(&d.src_client)
-                .and_then(|o| o.get(&d.src_handle))
-                .filter(|o| is_video(o.class))
-                .map(|o| o.size);
+            let size = self.video_size(d.src_client, d.src_handle);
+            let dup = (d.client, d.handle);
             match out
                 .iter_mut()
                 .find(|i| i.importer == d.pid && i.via == ImportVia::DupObject)
             {
-                Some(i) => i.bytes = Some(i.bytes.unwrap_or(0) + size.unwrap_or(0)),
+                Some(i) => {
+                    i.bytes = Some(i.bytes.unwrap_or(0) + size.unwrap_or(0));
+                    i.dups.push(dup);
+                }
                 None => out.push(ImportSeen {
                     importer: d.pid,
                     bytes: size,
                     via: ImportVia::DupObject,
                     t_ns: *t_ns,
+                    dups: vec![dup],
                 }),
             }
         }
@@ -293,11 +319,17 @@ impl Ledger {
                         bytes: None,
                         via: ImportVia::FdImport,
                         t_ns: *t_ns,
+                        dups: Vec::new(),
                     });
                 }
             }
         }
         out
+    }
+
+    /// Whether the ledger sees `pid`'s driver calls: it created a client that is still live.
+    pub fn traces(&self, pid: u32) -> bool {
+        self.creators.values().any(|p| *p == pid)
     }
 
     /// Processes that created the clients of `files` (the owners of their memory).
@@ -313,8 +345,8 @@ impl Ledger {
         v
     }
 
-    /// Video memory `pid` allocated in `[from, to]`.
-    pub fn allocated(&self, pid: u32, from: u64, to: u64) -> u64 {
+    /// Video memory `pid` took on in `[from, to]`, by allocating or duplicating it.
+    pub fn taken_on(&self, pid: u32, from: u64, to: u64) -> u64 {
         self.recent
             .iter()
             .filter(|(t, p, _)| *p == pid && (from..=to).contains(t))

@@ -83,6 +83,82 @@ pub struct Residual {
     /// The reading that found it short.
     pub found_ns: u64,
     pub back_ns: Option<u64>,
+    /// When NVML's account had it back (the pool, or the importer's own return): the answer
+    /// for an importer only NVML suggests, a fallback for one the ledger saw.
+    nvml_ns: Option<u64>,
+    /// For an importer only NVML suggests: its figure's rise, which its own driver calls may
+    /// yet explain (their records can arrive after the reading).
+    rise: Option<Rise>,
+}
+
+impl Residual {
+    fn new(importer: u32, bytes: u64, via: ImportVia, found_ns: u64) -> Self {
+        Self {
+            importer,
+            bytes,
+            via,
+            found_ns,
+            back_ns: None,
+            nvml_ns: None,
+            rise: None,
+        }
+    }
+
+    /// An importer only NVML suggests, whose own driver calls may still explain its rise.
+    pub fn provisional(&self, now_ns: u64) -> bool {
+        self.rise.is_some() && now_ns < self.found_ns.saturating_add(VERIFY_NS)
+    }
+}
+
+/// A rise of a process's NVML figure, and the window its own driver calls would explain it in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Rise {
+    from_ns: u64,
+    to_ns: u64,
+    bytes: u64,
+}
+
+/// How an importer the ledger saw let go of what it imported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportEnd {
+    /// Its files were released (its exit): NVML is to stop listing it.
+    Exit,
+    /// It freed its duplicates and lives on: NVML's figure for it is to fall by the import
+    /// from this one.
+    Freed { figure: u64 },
+}
+
+/// An import of a victim's objects the ledger saw.
+#[derive(Clone, Debug)]
+struct KnownImport {
+    importer: u32,
+    bytes: Option<u64>,
+    via: ImportVia,
+    /// Its duplicates of the victim's objects, (client, handle).
+    dups: Vec<(u32, u32)>,
+    /// The importer's kernel-side release of it, and how.
+    released: Option<(u64, ImportEnd)>,
+    /// That release, once a reading at least `CONFIRM_AFTER_NS` later agreed.
+    confirmed_ns: Option<u64>,
+}
+
+/// What linger saw a process do itself, to tell a rise of its NVML figure from an import.
+pub trait OwnUse {
+    /// Video memory `pid` took on through its own driver calls in `[from_ns, to_ns]`.
+    fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64;
+    /// Whether linger first saw `pid` open a GPU file at or after `t_ns`: a new job.
+    fn new_since(&self, pid: u32, t_ns: u64) -> bool;
+}
+
+/// Without opens: allocations (or their absence) alone.
+impl<F: Fn(u32, u64, u64) -> u64> OwnUse for F {
+    fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64 {
+        self(pid, from_ns, to_ns)
+    }
+
+    fn new_since(&self, _: u32, _: u64) -> bool {
+        false
+    }
 }
 
 /// What a watched process has on one GPU.
@@ -127,8 +203,10 @@ pub struct Watch {
     probe: bool,
     /// Its own release of its GPU files (kernel side), which orders credits in a storm.
     pub kernel_release_ns: Option<u64>,
-    /// Importers the ledger knows of: (pid, bytes if known, how).
-    known_importers: Vec<(u32, Option<u64>, ImportVia)>,
+    /// Importers the ledger knows of.
+    known_importers: Vec<KnownImport>,
+    /// When its group died.
+    dead_ns: Option<u64>,
     /// Its ledger's video memory at death on each GPU (by NVML index) the ledger placed it.
     ledger_devices: BTreeMap<u32, u64>,
     /// Last time something happened that may release its memory (fast NVML reads until a
@@ -299,6 +377,12 @@ pub enum Change {
         key: u64,
         importer: u32,
     },
+    /// What an importer only NVML suggested was thought to hold is the victim's own after all:
+    /// the importer's own driver calls explain its rise.
+    Withdrawn {
+        key: u64,
+        importer: u32,
+    },
 }
 
 /// The watches, by a key of the caller's (an incident id: pids are reused).
@@ -311,6 +395,10 @@ pub struct MemoryBook {
     /// Watches whose memory is another's (`Role::AliasOf`): without any, a finished watch
     /// goes at once instead of after a pass over every watch (thousands in a kill storm).
     aliases: usize,
+    /// Importer pid → the watches whose imports by it NVML has not confirmed released.
+    importing: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches with an importer only NVML suggests, not back yet.
+    suspects: BTreeSet<u64>,
 }
 
 /// How closely NVML should be read now, least to most.
@@ -334,35 +422,59 @@ pub const ACTIVE_NS: u64 = 2_000_000_000;
 /// signal (`--lean`): its teardown, if it had memory, takes over 100 ms.
 const PROBE_NS: u64 = 300_000_000;
 
-/// An allocation counts for a reading taken this long after it (NVML's reading of the
-/// previous state may have begun before the ioctl returned).
-const EXPLAIN_SLACK_NS: u64 = 5_000_000;
+/// An allocation may show in NVML's figures this long after its driver call began: the call
+/// waits for the driver's lock while other processes' teardowns hold it.
+const ALLOC_LAG_NS: u64 = 300_000_000;
+/// The records of driver calls can arrive this long after an NVML reading taken later: until
+/// then a rise not yet explained by its process's own calls is only a suspicion.
+pub const VERIFY_NS: u64 = 500_000_000;
+/// A reading confirms an importer's release when taken at least this long after it (NVML's
+/// readings queue behind the driver during teardowns).
+const CONFIRM_AFTER_NS: u64 = 2_000_000;
 
 impl MemoryBook {
     pub fn watch(&self, key: u64) -> Option<&Watch> {
         self.watches.get(&key)
     }
 
-    /// Whether victim `key`'s own memory is nowhere else by NVML's and the ledger's account:
-    /// a reading at or after `t_ns` on each GPU it was listed on (on every GPU, where it never
-    /// was) no longer lists it, and nothing of it was imported.
-    pub fn unlisted_since(&self, key: u64, t_ns: u64) -> bool {
-        let Some(w) = self.watches.get(&key) else {
-            return false;
-        };
-        if !matches!(w.role, Role::Own { .. })
-            || !w.known_importers.is_empty()
-            || w.residuals().next().is_some()
-        {
-            return false;
+    /// When victim `key`'s memory was all back by the kernel's account, once NVML and the
+    /// ledger agree: its own last release (`t_ns`), or the last confirmed release of an import
+    /// of its objects the ledger saw, whichever came later. NVML agrees when a reading at or
+    /// after `t_ns` on each GPU it was listed on (on every GPU, where it never was) no longer
+    /// lists it; an importer only NVML suggests leaves the answer to NVML's account.
+    pub fn confirmed_back(&self, key: u64, t_ns: u64) -> Option<u64> {
+        let w = self.watches.get(&key)?;
+        if !matches!(w.role, Role::Own { .. }) || w.residuals().any(|r| r.via == ImportVia::Nvml) {
+            return None;
         }
-        let read_since = |gpu: &u32| self.last.get(gpu).is_some_and(|(_, at)| *at >= t_ns);
-        if w.devices.is_empty() {
-            return !self.last.is_empty() && self.last.keys().all(read_since);
-        }
-        w.devices
+        let back = w
+            .known_importers
             .iter()
-            .all(|(gpu, d)| !d.listed && read_since(gpu))
+            .try_fold(t_ns, |t, i| i.confirmed_ns.map(|c| t.max(c)))?;
+        let read_since = |gpu: &u32| self.last.get(gpu).is_some_and(|(_, at)| *at >= t_ns);
+        let unlisted = if w.devices.is_empty() {
+            !self.last.is_empty() && self.last.keys().all(read_since)
+        } else {
+            w.devices
+                .iter()
+                .all(|(gpu, d)| !d.listed && read_since(gpu))
+        };
+        unlisted.then_some(back)
+    }
+
+    /// Whether every import of victim `key`'s objects the ledger saw has been released by its
+    /// importer (kernel side; NVML's confirmation may be pending).
+    pub fn imports_released(&self, key: u64) -> bool {
+        self.watches
+            .get(&key)
+            .is_none_or(|w| w.known_importers.iter().all(|i| i.released.is_some()))
+    }
+
+    /// Whether the ledger saw another process import objects of victim `key`.
+    pub fn has_known_imports(&self, key: u64) -> bool {
+        self.watches
+            .get(&key)
+            .is_some_and(|w| !w.known_importers.is_empty())
     }
 
     /// When the memory of watch `key` was all back, following aliases.
@@ -395,6 +507,7 @@ impl MemoryBook {
             probe: false,
             kernel_release_ns: None,
             known_importers: Vec::new(),
+            dead_ns: None,
             ledger_devices: BTreeMap::new(),
             last_activity_ns: t_ns,
         });
@@ -434,6 +547,7 @@ impl MemoryBook {
         self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
         self.aliases += usize::from(matches!(role, Role::AliasOf(_)));
         w.role = role;
+        w.dead_ns.get_or_insert(t_ns);
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         // What it held just before, by a reading taken since the signal (an older one may
         // predate its allocations): frees of its own while it lived are not the death's.
@@ -478,12 +592,88 @@ impl MemoryBook {
         }
     }
 
-    /// The ledger saw `importer` take `bytes` (when known) of the objects of watch `key`.
-    pub fn imported(&mut self, key: u64, importer: u32, bytes: Option<u64>, via: ImportVia) {
-        if let Some(w) = self.watches.get_mut(&key) {
-            if !w.known_importers.iter().any(|(p, _, _)| *p == importer) {
-                w.known_importers.push((importer, bytes, via));
-            }
+    /// The ledger saw `importer` take `bytes` (when known) of the objects of watch `key`,
+    /// through `dups`, its duplicates of them (client, handle).
+    pub fn imported(
+        &mut self,
+        key: u64,
+        importer: u32,
+        bytes: Option<u64>,
+        via: ImportVia,
+        dups: Vec<(u32, u32)>,
+    ) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        if w.known_importers.iter().any(|i| i.importer == importer) {
+            return;
+        }
+        w.known_importers.push(KnownImport {
+            importer,
+            bytes,
+            via,
+            dups,
+            released: None,
+            confirmed_ns: None,
+        });
+        self.importing.entry(importer).or_default().insert(key);
+    }
+
+    /// The imports `pid` holds by the ledger's account, not released yet: (victim key, its
+    /// duplicates of the victim's objects).
+    pub fn imports_held_by(&self, pid: u32) -> Vec<(u64, Vec<(u32, u32)>)> {
+        let Some(keys) = self.importing.get(&pid) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|key| {
+                let i = self.known_import(*key, pid)?;
+                (i.released.is_none() && !i.dups.is_empty()).then(|| (*key, i.dups.clone()))
+            })
+            .collect()
+    }
+
+    fn known_import(&self, key: u64, importer: u32) -> Option<&KnownImport> {
+        let w = self.watches.get(&key)?;
+        w.known_importers.iter().find(|i| i.importer == importer)
+    }
+
+    /// `pid`'s files were released at `t_ns` (its exit): so was whatever it imported.
+    pub fn importer_exited(&mut self, pid: u32, t_ns: u64) {
+        let keys: Vec<u64> = self
+            .importing
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        for key in keys {
+            self.import_released(key, pid, t_ns, ImportEnd::Exit);
+        }
+    }
+
+    /// `pid` freed its duplicates of victim `key`'s objects at `t_ns` and lives on.
+    pub fn import_freed(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let figure = self
+            .last
+            .values()
+            .flat_map(|(g, _)| g.processes.iter().filter(|p| p.pid == pid))
+            .map(|p| p.used.unwrap_or(0))
+            .sum();
+        self.import_released(key, pid, t_ns, ImportEnd::Freed { figure });
+    }
+
+    fn import_released(&mut self, key: u64, importer: u32, t_ns: u64, end: ImportEnd) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        if let Some(i) = w
+            .known_importers
+            .iter_mut()
+            .find(|i| i.importer == importer)
+        {
+            i.released.get_or_insert((t_ns, end));
         }
     }
 
@@ -493,10 +683,7 @@ impl MemoryBook {
             w.done = true;
         }
         if self.aliases == 0 {
-            if self.watches.remove(&key).is_some() {
-                for pool in self.pools.values_mut() {
-                    pool.victims.remove(&key);
-                }
+            if self.remove_watch(key).is_some() {
                 self.pools.retain(|_, p| !p.victims.is_empty());
             }
             return;
@@ -521,15 +708,30 @@ impl MemoryBook {
                 break;
             }
             for k in gone {
-                if let Some(w) = self.watches.remove(&k) {
+                if let Some(w) = self.remove_watch(k) {
                     self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
-                }
-                for pool in self.pools.values_mut() {
-                    pool.victims.remove(&k);
                 }
             }
         }
         self.pools.retain(|_, p| !p.victims.is_empty());
+    }
+
+    /// Stops watching `key`, and drops it from the pools and indexes.
+    fn remove_watch(&mut self, key: u64) -> Option<Watch> {
+        let w = self.watches.remove(&key)?;
+        for pool in self.pools.values_mut() {
+            pool.victims.remove(&key);
+        }
+        for i in &w.known_importers {
+            if let Some(keys) = self.importing.get_mut(&i.importer) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.importing.remove(&i.importer);
+                }
+            }
+        }
+        self.suspects.remove(&key);
+        Some(w)
     }
 
     /// The keys of the watches NVML has given a figure, in key order.
@@ -568,24 +770,20 @@ impl MemoryBook {
         })
     }
 
-    /// Feeds one reading of every GPU; returns what it changed. `allocated(pid, from, to)` is
-    /// the video memory the ledger saw `pid` allocate in that window: it tells a process that
-    /// allocated from one that took over an import's accounting.
-    pub fn reading(
-        &mut self,
-        t_ns: u64,
-        gpus: &[NvmlGpu],
-        allocated: impl Fn(u32, u64, u64) -> u64,
-    ) -> Vec<Change> {
+    /// Feeds one reading of every GPU; returns what it changed. `own` tells a process whose
+    /// figure rose because it allocated from one that took over an import's accounting.
+    pub fn reading(&mut self, t_ns: u64, gpus: &[NvmlGpu], own: impl OwnUse) -> Vec<Change> {
         let mut changes = Vec::new();
+        self.recheck_suspects(t_ns, &own, &mut changes);
         for g in gpus {
             self.note_listing(g);
             self.open_pool(g, t_ns);
             if self.pools.contains_key(&g.index) {
-                self.count(g, t_ns, &allocated, &mut changes);
+                self.count(g, t_ns, &own, &mut changes);
             }
             self.last.insert(g.index, (g.clone(), t_ns));
         }
+        self.confirm_imports(t_ns, gpus, &mut changes);
         changes
     }
 
@@ -654,22 +852,45 @@ impl MemoryBook {
     }
 
     /// Adds the reading's release to the pool and credits victims from it.
-    fn count(
-        &mut self,
-        g: &NvmlGpu,
-        t_ns: u64,
-        allocated: &impl Fn(u32, u64, u64) -> u64,
-        changes: &mut Vec<Change>,
-    ) {
-        let Some(pool) = self.pools.get_mut(&g.index) else {
+    fn count(&mut self, g: &NvmlGpu, t_ns: u64, own: &impl OwnUse, changes: &mut Vec<Change>) {
+        let Some(pool) = self.pools.get(&g.index) else {
             return;
         };
-        let fig = |r: &NvmlGpu, pid: u32| -> Option<u64> {
-            r.processes
-                .iter()
-                .find(|p| p.pid == pid)
-                .map(|p| p.used.unwrap_or(0))
+        let (correction, risers) = self.corrections(pool, g, t_ns, own);
+        if let Some(pool) = self.pools.get_mut(&g.index) {
+            pool.bytes += pool.prev.used as i128 - g.used as i128 + correction;
+        }
+        self.credit_victims(g, t_ns, &risers, own, changes);
+        self.credit_residuals(g, t_ns, changes);
+        let gpu = g.index;
+        let Some(pool) = self.pools.get_mut(&gpu) else {
+            return;
         };
+        pool.prev = g.clone();
+        pool.prev_ns = t_ns;
+        // A pool whose victims are all back on its GPU closes.
+        let all_back = pool.victims.iter().all(|k| {
+            self.watches
+                .get(k)
+                .and_then(|w| w.devices.get(&gpu))
+                .is_none_or(|d| d.back_ns().is_some())
+        });
+        if all_back {
+            self.pools.remove(&gpu);
+        }
+    }
+
+    /// What other processes' figures did since the pool's last reading (their allocations hide
+    /// a release, their frees fake one), and who rose as a victim left the list without its
+    /// own driver calls explaining the rise: an importer may take over the accounting of what
+    /// it imported.
+    fn corrections(
+        &self,
+        pool: &Pool,
+        g: &NvmlGpu,
+        t_ns: u64,
+        own: &impl OwnUse,
+    ) -> (i128, Vec<(u32, Rise)>) {
         let victims: BTreeSet<u32> = self.watches.values().map(|w| w.pid).collect();
         let importers: BTreeSet<u32> = self
             .watches
@@ -677,26 +898,22 @@ impl MemoryBook {
             .flat_map(|w| {
                 w.known_importers
                     .iter()
-                    .map(|i| i.0)
+                    .map(|i| i.importer)
                     .chain(w.residuals().map(|r| r.importer))
             })
             .chain(pool.suspected.iter().copied())
             .collect();
-        let prev = pool.prev.clone();
+        let prev = &pool.prev;
         let mut pids: BTreeSet<u32> = prev.processes.iter().map(|p| p.pid).collect();
         pids.extend(g.processes.iter().map(|p| p.pid));
-
-        // Victims that left the list in this reading, and who rose meanwhile: an importer
-        // takes over the accounting of what it imported.
-        let vanished: Vec<u32> = pids
+        let vanished = pids
             .iter()
-            .copied()
-            .filter(|p| victims.contains(p) && fig(&prev, *p).is_some() && fig(g, *p).is_none())
-            .collect();
-        let mut risers: Vec<(u32, u64)> = Vec::new();
+            .any(|p| victims.contains(p) && figure(prev, *p).is_some() && figure(g, *p).is_none());
+        let from_ns = pool.prev_ns.saturating_sub(ALLOC_LAG_NS);
+        let mut risers = Vec::new();
         let mut correction: i128 = 0;
         for &pid in &pids {
-            let (before, now) = (fig(&prev, pid), fig(g, pid));
+            let (before, now) = (figure(prev, pid), figure(g, pid));
             let delta = now.unwrap_or(0) as i128 - before.unwrap_or(0) as i128;
             if importers.contains(&pid) {
                 continue;
@@ -708,20 +925,39 @@ impl MemoryBook {
                 }
                 continue;
             }
-            if delta > tolerance(0) as i128 && !vanished.is_empty() {
+            if delta > tolerance(0) as i128 && vanished {
                 // Its own allocations explain a rise; otherwise it may have imported.
-                let own = allocated(pid, pool.prev_ns.saturating_sub(EXPLAIN_SLACK_NS), t_ns);
-                if (own as i128) < delta * 9 / 10 {
-                    risers.push((pid, delta as u64));
+                let taken = own.taken_on(pid, from_ns, t_ns);
+                if (taken as i128) < delta * 9 / 10 {
+                    let rise = Rise {
+                        from_ns,
+                        to_ns: t_ns,
+                        bytes: delta as u64,
+                    };
+                    risers.push((pid, rise));
                     continue;
                 }
             }
             correction += delta;
         }
-        pool.bytes += prev.used as i128 - g.used as i128 + correction;
+        (correction, risers)
+    }
 
-        // Victims off the list, their own release first.
+    /// Credits the victims off the list from the pool, their own release first; a victim
+    /// whose memory is short, or whose objects the ledger saw imported, has importers hold
+    /// part of it.
+    fn credit_victims(
+        &mut self,
+        g: &NvmlGpu,
+        t_ns: u64,
+        risers: &[(u32, Rise)],
+        own: &impl OwnUse,
+        changes: &mut Vec<Change>,
+    ) {
         let gpu = g.index;
+        let Some(pool) = self.pools.get_mut(&gpu) else {
+            return;
+        };
         let mut candidates: Vec<(u64, u64, u64)> = self
             .watches
             .iter()
@@ -729,7 +965,7 @@ impl MemoryBook {
                 pool.victims.contains(key)
                     && w.devices.get(&gpu).is_some_and(|d| d.own_back_ns.is_none())
                     && w.device_share(gpu).is_some()
-                    && fig(g, w.pid).is_none()
+                    && figure(g, w.pid).is_none()
             })
             .map(|(key, w)| (w.kernel_release_ns.unwrap_or(u64::MAX), w.start_ns, *key))
             .collect();
@@ -742,14 +978,15 @@ impl MemoryBook {
                 continue;
             };
             let no_residuals = w.devices.get(&gpu).is_none_or(|d| d.residuals.is_empty());
-            if no_residuals && pool.bytes + (tolerance(share) as i128) < share as i128 {
-                // Short: an importer may hold the rest.
-                let residuals = importers_of(w, &risers, share, pool.bytes, t_ns);
+            let short = pool.bytes + (tolerance(share) as i128) < share as i128;
+            // What the ledger saw duplicated is held whatever else the device's memory did.
+            let dup_seen = w.known_importers.iter().any(|i| i.bytes.is_some());
+            if no_residuals && (short || dup_seen) {
+                let residuals = importers_of(w, risers, share, pool.bytes, t_ns, own);
                 if !residuals.is_empty() {
-                    for r in &residuals {
-                        if r.via == ImportVia::Nvml {
-                            pool.suspected.insert(r.importer);
-                        }
+                    for r in residuals.iter().filter(|r| r.via == ImportVia::Nvml) {
+                        pool.suspected.insert(r.importer);
+                        self.suspects.insert(key);
                     }
                     w.devices.entry(gpu).or_default().residuals = residuals.clone();
                     changes.push(Change::Imported { key, residuals });
@@ -762,7 +999,16 @@ impl MemoryBook {
                 changes.push(Change::OwnBack { key, bytes: own });
             }
         }
-        // Imported parts come back with their importer.
+    }
+
+    /// Imported parts come back with their importer, by NVML's account: the answer for an
+    /// importer only NVML suggests. One the ledger saw is not credited while NVML still lists
+    /// it (it holds them); its confirmed release decides (`confirm_imports`).
+    fn credit_residuals(&mut self, g: &NvmlGpu, t_ns: u64, changes: &mut Vec<Change>) {
+        let gpu = g.index;
+        let Some(pool) = self.pools.get_mut(&gpu) else {
+            return;
+        };
         let backs: BTreeMap<u32, u64> = self
             .watches
             .values()
@@ -775,74 +1021,188 @@ impl MemoryBook {
             let Some(d) = w.devices.get_mut(&gpu) else {
                 continue;
             };
-            for r in d.residuals.iter_mut().filter(|r| r.back_ns.is_none()) {
+            for r in d.residuals.iter_mut().filter(|r| r.nvml_ns.is_none()) {
                 if let Some(&t) = backs.get(&r.importer) {
-                    r.back_ns = Some(t);
+                    r.nvml_ns = Some(t);
+                } else if r.via != ImportVia::Nvml && figure(g, r.importer).is_some() {
+                    continue;
                 } else if pool.bytes + tolerance(r.bytes) as i128 >= r.bytes as i128 {
                     pool.bytes -= r.bytes as i128;
-                    r.back_ns = Some(t_ns);
+                    r.nvml_ns = Some(t_ns);
                 } else {
                     continue;
                 }
-                changes.push(Change::ResidualBack {
-                    key,
-                    importer: r.importer,
-                });
+                if r.via == ImportVia::Nvml && r.back_ns.is_none() {
+                    r.back_ns = r.nvml_ns;
+                    changes.push(Change::ResidualBack {
+                        key,
+                        importer: r.importer,
+                    });
+                }
             }
         }
-        pool.prev = g.clone();
-        pool.prev_ns = t_ns;
-        // A pool whose victims are all back on its GPU closes.
-        let all_back = pool.victims.iter().all(|k| {
-            self.watches
-                .get(k)
-                .and_then(|w| w.devices.get(&gpu))
-                .is_none_or(|d| d.back_ns().is_some())
-        });
-        if all_back {
-            self.pools.remove(&g.index);
+    }
+
+    /// Settles the imports the ledger saw: the imported part is back at the importer's
+    /// kernel-side release once a reading taken `CONFIRM_AFTER_NS` later agrees (an exited
+    /// importer no longer listed; one that freed its duplicates with its figure down by
+    /// them), else at NVML's account once that is `VERIFY_NS` old with no release confirmed.
+    fn confirm_imports(&mut self, t_ns: u64, gpus: &[NvmlGpu], changes: &mut Vec<Change>) {
+        let pending: Vec<(u32, u64)> = self
+            .importing
+            .iter()
+            .flat_map(|(p, keys)| keys.iter().map(move |k| (*p, *k)))
+            .collect();
+        for (importer, key) in pending {
+            let Some(w) = self.watches.get_mut(&key) else {
+                continue;
+            };
+            let listed = gpus
+                .iter()
+                .filter_map(|g| figure(g, importer))
+                .reduce(|a, b| a + b);
+            let Some(back) = settle_import(w, importer, t_ns, listed) else {
+                continue;
+            };
+            for d in w.devices.values_mut() {
+                for r in d.residuals.iter_mut() {
+                    if r.importer == importer && r.back_ns.is_none() {
+                        r.back_ns = Some(back);
+                        changes.push(Change::ResidualBack { key, importer });
+                    }
+                }
+            }
+            if let Some(keys) = self.importing.get_mut(&importer) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.importing.remove(&importer);
+                }
+            }
+        }
+    }
+
+    /// Withdraws the suspicions the suspects' own driver calls now explain (their records can
+    /// arrive after the reading that showed the rise), and those of new jobs: the rise was the
+    /// victim's memory coming back while another process allocated. A suspicion older than
+    /// `VERIFY_NS` stands.
+    fn recheck_suspects(&mut self, t_ns: u64, own: &impl OwnUse, changes: &mut Vec<Change>) {
+        let keys: Vec<u64> = self.suspects.iter().copied().collect();
+        for key in keys {
+            let Some(w) = self.watches.get_mut(&key) else {
+                self.suspects.remove(&key);
+                continue;
+            };
+            let dead = w.dead_ns.unwrap_or(w.start_ns);
+            let mut waiting = false;
+            for (gpu, d) in &mut w.devices {
+                let own_back = d.own_back_ns.is_some();
+                for r in std::mem::take(&mut d.residuals) {
+                    let explained = r.rise.is_some_and(|rise| {
+                        own.taken_on(r.importer, rise.from_ns, rise.to_ns) * 10 >= rise.bytes * 9
+                            || own.new_since(r.importer, dead)
+                    });
+                    let Some(rise) = r.rise.filter(|_| explained) else {
+                        waiting |= r.provisional(t_ns);
+                        d.residuals.push(r);
+                        continue;
+                    };
+                    if let Some(pool) = self.pools.get_mut(gpu) {
+                        // Its rise is a correction after all, and the part it was thought to
+                        // hold is the victim's own: credited with the rest of it, or when
+                        // that is.
+                        let credited = if r.nvml_ns.is_some() { r.bytes } else { 0 };
+                        let owed = if own_back { r.bytes } else { 0 };
+                        pool.bytes += (rise.bytes + credited) as i128 - owed as i128;
+                        pool.suspected.remove(&r.importer);
+                    }
+                    changes.push(Change::Withdrawn {
+                        key,
+                        importer: r.importer,
+                    });
+                }
+            }
+            if !waiting {
+                self.suspects.remove(&key);
+            }
         }
     }
 }
 
+/// NVML's figure for `pid` in reading `g`, where it lists it.
+fn figure(g: &NvmlGpu, pid: u32) -> Option<u64> {
+    g.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.used.unwrap_or(0))
+}
+
+/// When `importer`'s import of `w`'s objects was back, if this reading (at `t_ns`, its figure
+/// for the importer `listed`) settles it.
+fn settle_import(w: &mut Watch, importer: u32, t_ns: u64, listed: Option<u64>) -> Option<u64> {
+    let i = w
+        .known_importers
+        .iter_mut()
+        .find(|i| i.importer == importer)?;
+    if let Some((t, end)) = i.released {
+        let agreed = match end {
+            ImportEnd::Exit => listed.is_none(),
+            ImportEnd::Freed { figure } => {
+                let bytes = i.bytes.unwrap_or(0);
+                listed.unwrap_or(0) + bytes <= figure + tolerance(bytes)
+            }
+        };
+        if agreed && t_ns >= t.saturating_add(CONFIRM_AFTER_NS) {
+            i.confirmed_ns = Some(t);
+            return Some(t);
+        }
+    }
+    w.residuals()
+        .find(|r| r.importer == importer)
+        .and_then(|r| r.nvml_ns)
+        .filter(|n| t_ns >= n.saturating_add(VERIFY_NS))
+}
+
 /// Who holds the part of `w`'s share that did not come back: the importers the ledger knows
-/// of, else those NVML's figures point at.
+/// of (with what it saw them duplicate, else what they rose by), else those NVML's figures
+/// point at, unless they are new jobs.
 fn importers_of(
     w: &Watch,
-    risers: &[(u32, u64)],
+    risers: &[(u32, Rise)],
     share: u64,
     pool: i128,
     t_ns: u64,
+    own: &impl OwnUse,
 ) -> Vec<Residual> {
     let missing = (share as i128 - pool.max(0)).max(0) as u64;
+    let held: BTreeSet<u32> = w.residuals().map(|r| r.importer).collect();
     let mut out: Vec<Residual> = Vec::new();
     let mut left = missing;
-    for &(importer, bytes, via) in &w.known_importers {
-        let rise = risers.iter().find(|r| r.0 == importer).map(|r| r.1);
-        let bytes = bytes.or(rise).unwrap_or(left).min(left);
+    for i in w
+        .known_importers
+        .iter()
+        .filter(|i| !held.contains(&i.importer))
+    {
+        let rise = risers.iter().find(|r| r.0 == i.importer).map(|r| r.1.bytes);
+        let bytes = match i.bytes {
+            Some(b) => b.min(share),
+            None => rise.unwrap_or(left).min(left),
+        };
+        left = left.saturating_sub(bytes);
         if bytes > 0 {
-            left -= bytes;
-            out.push(Residual {
-                importer,
-                bytes,
-                via,
-                found_ns: t_ns,
-                back_ns: None,
-            });
+            let mut r = Residual::new(i.importer, bytes, i.via, t_ns);
+            r.back_ns = i.confirmed_ns;
+            out.push(r);
         }
     }
-    if out.is_empty() {
-        for &(importer, rise) in risers {
-            let bytes = rise.min(left);
+    if out.is_empty() && held.is_empty() {
+        let dead = w.dead_ns.unwrap_or(w.start_ns);
+        for (importer, rise) in risers.iter().filter(|(p, _)| !own.new_since(*p, dead)) {
+            let bytes = rise.bytes.min(left);
             if bytes > 0 {
                 left -= bytes;
-                out.push(Residual {
-                    importer,
-                    bytes,
-                    via: ImportVia::Nvml,
-                    found_ns: t_ns,
-                    back_ns: None,
-                });
+                let mut r = Residual::new(*importer, bytes, ImportVia::Nvml, t_ns);
+                r.rise = Some(*rise);
+                out.push(r);
             }
         }
     }
@@ -921,8 +1281,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn imported_memory_stays_with_the_importer_until_it_lets_go() {
+    const MS: u64 = 1_000_000;
+
+    /// Victim 10 (5 GiB by NVML) that importer 20 (0.5 GiB of its own) took 4.5 GiB of, by
+    /// the ledger: dead, and off NVML's list at 90 ms with only its context back.
+    fn exported() -> MemoryBook {
         let mut m = MemoryBook::default();
         feed(
             &mut m,
@@ -930,10 +1293,15 @@ mod tests {
             &reading(6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]),
         );
         m.start(10, 10, 0);
-        m.imported(10, 20, Some(9 * GIB / 2), ImportVia::DupObject);
-        m.died(10, 10, own());
-        // The exporter leaves; only its context comes back; NVML accounts 4.5 GiB more to 20.
-        let c = feed(&mut m, 90, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
+        m.imported(
+            10,
+            20,
+            Some(9 * GIB / 2),
+            ImportVia::DupObject,
+            vec![(2, 3)],
+        );
+        m.died(10, 10 * MS, own());
+        let c = feed(&mut m, 90 * MS, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
         assert!(
             matches!(&c[0], Change::Imported { key: 10, residuals } if residuals[0].importer == 20)
         );
@@ -945,8 +1313,20 @@ mod tests {
             }
         );
         assert_eq!(m.watch(10).and_then(Watch::back_ns), None);
-        // The importer exits.
-        let c = feed(&mut m, 3000, &reading(GIB / 2, &[]));
+        m
+    }
+
+    /// The importer's exit is when its import came back, once a reading taken a little later
+    /// no longer lists it: NVML's own account follows other jobs' memory too.
+    #[test]
+    fn imported_memory_is_back_at_the_importers_release_once_nvml_no_longer_lists_it() {
+        let mut m = exported();
+        m.importer_exited(20, 2990 * MS);
+        assert_eq!(m.imports_held_by(20), vec![]);
+        // Too soon after the release to confirm it.
+        let c = feed(&mut m, 2991 * MS, &reading(GIB / 2, &[]));
+        assert!(c.is_empty(), "{c:?}");
+        let c = feed(&mut m, 2993 * MS, &reading(GIB / 2, &[]));
         assert_eq!(
             c,
             vec![Change::ResidualBack {
@@ -954,7 +1334,60 @@ mod tests {
                 importer: 20
             }]
         );
-        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(3000));
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(2990 * MS));
+        assert_eq!(m.confirmed_back(10, 100 * MS), Some(2990 * MS));
+    }
+
+    /// No release of the importer's seen (its records lost, say): NVML's account stands once
+    /// it has been alone for a while.
+    #[test]
+    fn without_the_importers_release_nvmls_account_of_an_import_stands_after_a_while() {
+        let mut m = exported();
+        let c = feed(&mut m, 3000 * MS, &reading(GIB / 2, &[]));
+        assert!(c.is_empty(), "{c:?}");
+        let c = feed(&mut m, 3499 * MS, &reading(GIB / 2, &[]));
+        assert!(c.is_empty(), "{c:?}");
+        feed(&mut m, 3500 * MS, &reading(GIB / 2, &[]));
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(3000 * MS));
+        assert_eq!(m.confirmed_back(10, 100 * MS), None);
+    }
+
+    /// An importer that frees its duplicates and lives on: back when its figure falls by them.
+    #[test]
+    fn an_importer_that_frees_what_it_imported_lets_go_when_its_figure_falls() {
+        let mut m = exported();
+        assert_eq!(m.imports_held_by(20), vec![(10, vec![(2, 3)])]);
+        m.import_freed(10, 20, 2000 * MS);
+        let c = feed(&mut m, 2003 * MS, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
+        assert!(c.is_empty(), "still charged with it: {c:?}");
+        feed(&mut m, 2010 * MS, &reading(GIB, &[(20, GIB / 2)]));
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), Some(2000 * MS));
+    }
+
+    /// A busy node: as the exporter leaves, another job frees as much as the importer holds,
+    /// so the device's used memory falls by the exporter's whole share. What the ledger saw
+    /// duplicated is held all the same.
+    #[test]
+    fn a_duplicate_the_ledger_saw_is_held_when_other_jobs_frees_hide_the_shortfall() {
+        let mut m = MemoryBook::default();
+        let before = [(10, 5 * GIB), (20, GIB / 2), (30, 9 * GIB / 2)];
+        feed(&mut m, 0, &reading(11 * GIB, &before));
+        m.start(10, 10, 0);
+        m.imported(
+            10,
+            20,
+            Some(9 * GIB / 2),
+            ImportVia::DupObject,
+            vec![(2, 3)],
+        );
+        m.died(10, 10 * MS, own());
+        let c = feed(&mut m, 90 * MS, &reading(11 * GIB / 2, &[(20, 5 * GIB)]));
+        assert!(
+            matches!(&c[0], Change::Imported { key: 10, residuals }
+                if residuals[0].importer == 20 && residuals[0].bytes == 9 * GIB / 2),
+            "{c:?}"
+        );
+        assert_eq!(m.watch(10).and_then(Watch::back_ns), None);
     }
 
     #[test]

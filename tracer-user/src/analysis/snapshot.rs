@@ -9,7 +9,7 @@ use super::{
     holders::{HeldFile, Holder, How},
     incident::{ExitStatus, GpuPart, Incident, Source},
     ledger::LedgerPart,
-    memory::{tolerance, Role, ShareFrom, Watch},
+    memory::{tolerance, ImportVia, Role, ShareFrom, Watch},
     signals::{self, Origin, SIGKILL},
     termination::{self, Mode, SignalSent},
     verdict::{self, gib},
@@ -183,6 +183,7 @@ impl Correlator {
                 deferral: log.deferral(&self.stacks),
                 asleep,
                 unknown_nvml_pids,
+                unreconciled: self.unreconciled(&inc.holders),
                 still_listed: self.nvml.as_ref().and(w.map(Watch::listed)),
                 others_in_flight: self.others_in_flight(id),
                 slow_after_ns: self.config.slow_after_ns,
@@ -313,16 +314,11 @@ impl Correlator {
             h.t_released_ns = c.holder_gone.get(&h.pid).copied().flatten();
         }
         for r in w.iter().flat_map(|w| w.residuals()) {
-            let (comm, ppid) = self
-                .holders
-                .process(r.importer)
-                .map(|p| (p.comm.clone(), p.ppid))
-                .or_else(|| {
-                    self.cases
-                        .values()
-                        .find(|o| o.inc.target.pid == r.importer)
-                        .map(|o| (o.inc.target.comm.clone(), 0))
-                })
+            let (comm, ppid) = c
+                .importer_names
+                .get(&r.importer)
+                .cloned()
+                .or_else(|| self.name_of(r.importer))
                 .unwrap_or_default();
             out.push(Holder {
                 pid: r.importer,
@@ -338,6 +334,25 @@ impl Correlator {
             });
         }
         out
+    }
+
+    /// Importers only NVML suggests whose driver calls the ledger traces: it would have seen
+    /// an import.
+    fn unreconciled(&self, holders: &[Holder]) -> Vec<u32> {
+        holders
+            .iter()
+            .filter(|h| {
+                matches!(
+                    h.how,
+                    How::Import {
+                        via: ImportVia::Nvml,
+                        ..
+                    }
+                )
+            })
+            .map(|h| h.pid)
+            .filter(|pid| self.ioctls_traced && self.ledger.traces(*pid))
+            .collect()
     }
 
     /// What the death was to give back, in words.
@@ -414,6 +429,12 @@ impl Correlator {
     ) -> Vec<String> {
         let ms = |t: u64| inc.ms_after_signal(t);
         let mut out = Vec::new();
+        let importers: Vec<String> = inc
+            .holders
+            .iter()
+            .filter(|h| matches!(h.how, How::Import { .. }))
+            .map(|h| format!("{}[{}]", h.comm, h.pid))
+            .collect();
         if let Some((k, how)) = kernel {
             out.push(format!(
                 "its own release of its GPU files ended at +{:.1} ms ({})",
@@ -444,11 +465,21 @@ impl Correlator {
                     }
                 }
             }
-            Some((b, Source::Confirmed)) => out.push(format!(
+            Some((b, Source::Confirmed)) if importers.is_empty() => out.push(format!(
                 "memory back at +{:.1} ms: its last holder's release by the kernel's account, with \
                  no NVML reading since listing pid {} and no import in its driver calls (the \
                  device's used memory moves with other jobs too)",
                 ms(b),
+                inc.target.pid
+            )),
+            Some((b, Source::Confirmed)) => out.push(format!(
+                "memory back at +{:.1} ms: the last release by the kernel's account, its own or \
+                 its importers' ({}: with their exit, or their free of the duplicates its \
+                 driver calls showed), with no NVML reading since listing pid {} or them (NVML \
+                 sees an import's return only in the importer's figure, which moves with its \
+                 own memory too)",
+                ms(b),
+                importers.join(", "),
                 inc.target.pid
             )),
             Some((b, _)) => out.push(format!(

@@ -31,7 +31,8 @@ pub enum VerdictKind {
     /// Memory still in use though no known process holds the files or imported them.
     UnknownHolder,
     /// The memory appears back but the kernel lost records while this was traced, and NVML
-    /// did not confirm it: linger cannot vouch for it.
+    /// did not confirm it; or NVML charges it to a process whose traced driver calls show no
+    /// import of it: linger cannot vouch for it.
     Incomplete,
 }
 
@@ -52,6 +53,9 @@ pub struct Context {
     pub asleep: Vec<(u32, u64, Vec<String>)>,
     /// NVML pids on the target's GPUs that no traced process matches.
     pub unknown_nvml_pids: Vec<u32>,
+    /// Importers only NVML suggests whose driver calls linger traces and sees no import in:
+    /// the sources disagree.
+    pub unreconciled: Vec<u32>,
     /// Whether NVML still lists the target's pid (None without NVML).
     pub still_listed: Option<bool>,
     /// Other teardowns on its GPU are under way: NVML lags behind them.
@@ -111,34 +115,7 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         });
     }
     if !importers.is_empty() {
-        let evidence = importers
-            .iter()
-            .map(|h| match h.how {
-                How::Import { bytes, via, .. } => format!(
-                    "{}[{}] holds {} it imported ({})",
-                    h.comm,
-                    h.pid,
-                    gib(bytes),
-                    match via {
-                        ImportVia::DupObject => "RM_DUP_OBJECT of its memory: a CUDA IPC handle",
-                        ImportVia::FdImport =>
-                            "objects imported from a file descriptor it exported",
-                        ImportVia::Nvml => "NVML accounts it to that pid now; no ioctl evidence",
-                    }
-                ),
-                _ => String::new(),
-            })
-            .collect();
-        let pids: Vec<String> = importers.iter().map(|h| h.pid.to_string()).collect();
-        return Some(Verdict {
-            kind: VerdictKind::Imported,
-            evidence,
-            hint: format!(
-                "the importer keeps it until it frees the handle or exits: stop {} or have it \
-                 release the shared tensor",
-                pids.join(", ")
-            ),
-        });
+        return Some(imported(inc, &importers, cx));
     }
     let Some(back) = gpu.t_memory_back_ns else {
         let released = gpu.t_files_released_ns.is_some();
@@ -260,6 +237,70 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         evidence: breakdown,
         hint,
     })
+}
+
+/// Other processes imported part of its memory: who holds how much, and how it was seen; or,
+/// where NVML alone says so against the traced driver calls, that the sources disagree.
+fn imported(inc: &Incident, importers: &[&Holder], cx: &Context) -> Verdict {
+    if importers.iter().all(|h| cx.unreconciled.contains(&h.pid)) {
+        return unreconciled(inc, importers);
+    }
+    let evidence = importers
+        .iter()
+        .map(|h| match h.how {
+            How::Import { bytes, via, .. } => format!(
+                "{}[{}] holds {} it imported ({})",
+                h.comm,
+                h.pid,
+                gib(bytes),
+                match via {
+                    ImportVia::DupObject => "RM_DUP_OBJECT of its memory: a CUDA IPC handle",
+                    ImportVia::FdImport => "objects imported from a file descriptor it exported",
+                    ImportVia::Nvml => "NVML accounts it to that pid now; no ioctl evidence",
+                }
+            ),
+            _ => String::new(),
+        })
+        .collect();
+    let pids: Vec<String> = importers.iter().map(|h| h.pid.to_string()).collect();
+    Verdict {
+        kind: VerdictKind::Imported,
+        evidence,
+        hint: format!(
+            "the importer keeps it until it frees the handle or exits: stop {} or have it \
+             release the shared tensor",
+            pids.join(", ")
+        ),
+    }
+}
+
+/// NVML charges the memory to processes whose traced driver calls show no import of it.
+fn unreconciled(inc: &Incident, importers: &[&Holder]) -> Verdict {
+    let evidence = importers
+        .iter()
+        .map(|h| {
+            format!(
+                "NVML's figure for {}[{}] rose by {} as pid {} left its list, but its driver \
+                 calls, which linger traces, show no import of pid {}'s objects and nothing of \
+                 its own that explains the rise: NVML and the driver calls disagree",
+                h.comm,
+                h.pid,
+                gib(match h.how {
+                    How::Import { bytes, .. } => bytes,
+                    _ => 0,
+                }),
+                inc.target.pid,
+                inc.target.pid
+            )
+        })
+        .collect();
+    Verdict {
+        kind: VerdictKind::Incomplete,
+        evidence,
+        hint: "linger cannot tell whether that process holds the memory or NVML has not matched \
+               its own allocation yet: `linger holders` and nvidia-smi show who holds what now"
+            .into(),
+    }
 }
 
 fn how(h: &Holder) -> &'static str {
