@@ -439,6 +439,13 @@ impl Holders {
     }
 
     /// Live processes other than `except` that hold any of `files`.
+    /// Whether `pid` holds any of `files`.
+    pub fn holds_any(&self, pid: u32, files: &[FileId]) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|p| p.fds.values().any(|fd| files.contains(&fd.file)))
+    }
+
     pub fn holders_of(&self, files: &[FileId], except: u32) -> Vec<Holder> {
         let mut out: Vec<Holder> = self
             .procs

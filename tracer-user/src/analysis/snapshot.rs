@@ -2,6 +2,8 @@
 //! (the mode, the memory's return and who decided it, phases, verdict), computed anew for each
 //! report.
 
+use std::sync::Arc;
+
 use tracer_common::driver::dev_minor;
 
 use super::{
@@ -134,9 +136,8 @@ impl Correlator {
                 .weighted_stacks(dead, end)
                 .into_iter()
                 .map(|(id, ns)| {
-                    let mut frames = self.stacks.get(&id).cloned().unwrap_or_default();
-                    frames.reverse();
-                    (frames, ns)
+                    let frames = self.stacks.get(&id).map(|s| s.frames.clone());
+                    (frames.unwrap_or_else(|| Arc::new([])), ns)
                 })
                 .collect();
         }
@@ -167,7 +168,11 @@ impl Correlator {
                 .asleep(now)
                 .into_iter()
                 .map(|(tid, since, id)| {
-                    let frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                    let frames = self
+                        .stacks
+                        .get(&id)
+                        .map(|s| s.frames.to_vec())
+                        .unwrap_or_default();
                     (tid, since, frames)
                 })
                 .collect();
