@@ -614,18 +614,7 @@ impl Correlator {
                 self.unseen_holder_died(owner, pid, ppid, comm, held_fds, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
-                self.memory.start(id, pid, t_ns);
-                self.memory.died(id, t_ns, role);
-                let placed: BTreeMap<u32, u64> = self.cases[&id]
-                    .ledger_parts
-                    .iter()
-                    .filter_map(|p| Some((p.gpu?, p.bytes)))
-                    .collect();
-                self.memory.placed(id, placed);
-                // Who imported its objects must be asked before its clients are freed.
-                for i in self.ledger.imports_from(&files) {
-                    self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
-                }
+                self.watch_death(id, pid, t_ns, role, &files);
             }
         }
         // A holder of other dead processes' files is gone: their memory may be on its way.
@@ -645,6 +634,23 @@ impl Correlator {
             .collect();
         self.ledger.release_files(&orphaned);
         self.holders_changed();
+    }
+
+    /// A GPU holder died: its memory is watched from now on, where the ledger placed it, and
+    /// with the imports of its objects the ledger saw.
+    fn watch_death(&mut self, id: u64, pid: u32, t_ns: u64, role: Role, files: &[FileId]) {
+        self.memory.start(id, pid, t_ns);
+        self.memory.died(id, t_ns, role);
+        let placed: BTreeMap<u32, u64> = self.cases[&id]
+            .ledger_parts
+            .iter()
+            .filter_map(|p| Some((p.gpu?, p.bytes)))
+            .collect();
+        self.memory.placed(id, placed);
+        // Who imported its objects must be asked before its clients are freed.
+        for i in self.ledger.imports_from(files) {
+            self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
+        }
     }
 
     /// What a GPU holder's death is to give back.
