@@ -26,7 +26,7 @@ use super::{
     signals::{SIGCHLD, SIGKILL},
     snapshot,
     storm::{StormLog, Teardown},
-    teardown::{DriverSpan, TeardownLog},
+    teardown::{DriverSpan, Stack, TeardownLog},
     termination::{self, SignalSent},
 };
 use crate::event::{DriverFunc, Event, EventData, FdOp, NvmlGpu, Workload};
@@ -165,6 +165,9 @@ pub struct Correlator {
     held_for: IdMap<u32, BTreeSet<u64>>,
     /// Which cases the pass after an event looks at.
     pub(super) agenda: Agenda,
+    /// Dead cases waiting for a reading taken since their death or their files' release:
+    /// the next reading looks at them.
+    await_reading: BTreeSet<u64>,
     /// Open cases per target pid (a pid may be reused while its old case is open).
     cases_of_pid: IdMap<u32, usize>,
     pub(super) holders: Holders,
@@ -175,7 +178,7 @@ pub struct Correlator {
     /// The latest NVML reading; None until one arrives (no NVML on this machine).
     pub(super) nvml: Option<Vec<NvmlGpu>>,
     /// Symbolized kernel stacks by id.
-    pub(super) stacks: IdMap<i32, Vec<String>>,
+    pub(super) stacks: IdMap<i32, Stack>,
     /// Teardown samples by dying process.
     pub(super) teardown: IdMap<u32, TeardownLog>,
     oom_marked: IdMap<u32, u64>,
@@ -311,7 +314,7 @@ impl Correlator {
     fn teardown_event(&mut self, e: &Event) {
         match &e.data {
             EventData::Stack { id, frames } => {
-                self.stacks.insert(*id, frames.clone());
+                self.stacks.insert(*id, Stack::new(frames.clone()));
             }
             EventData::TeardownSample {
                 sample,
@@ -391,6 +394,7 @@ impl Correlator {
         }
         self.cases.clear();
         self.agenda.clear();
+        self.await_reading.clear();
         self.cases_of_pid.clear();
         self.gpu_errors(true, out);
     }
@@ -639,18 +643,7 @@ impl Correlator {
                 self.unseen_holder_died(owner, pid, ppid, comm, held_fds, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
-                self.memory.start(id, pid, t_ns);
-                self.memory.died(id, t_ns, role);
-                let placed: BTreeMap<u32, u64> = self.cases[&id]
-                    .ledger_parts
-                    .iter()
-                    .filter_map(|p| Some((p.gpu?, p.bytes)))
-                    .collect();
-                self.memory.placed(id, placed);
-                // Who imported its objects must be asked before its clients are freed.
-                for i in self.ledger.imports_from(&files) {
-                    self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
-                }
+                self.watch_death(id, pid, t_ns, role, &files);
             }
         }
         // A holder of other dead processes' files is gone: their memory may be on its way.
@@ -670,6 +663,23 @@ impl Correlator {
             .collect();
         self.ledger.release_files(&orphaned);
         self.holders_changed();
+    }
+
+    /// A GPU holder died: its memory is watched from now on, where the ledger placed it, and
+    /// with the imports of its objects the ledger saw.
+    fn watch_death(&mut self, id: u64, pid: u32, t_ns: u64, role: Role, files: &[FileId]) {
+        self.memory.start(id, pid, t_ns);
+        self.memory.died(id, t_ns, role);
+        let placed: BTreeMap<u32, u64> = self.cases[&id]
+            .ledger_parts
+            .iter()
+            .filter_map(|p| Some((p.gpu?, p.bytes)))
+            .collect();
+        self.memory.placed(id, placed);
+        // Who imported its objects must be asked before its clients are freed.
+        for i in self.ledger.imports_from(files) {
+            self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
+        }
     }
 
     /// What a GPU holder's death is to give back.
@@ -854,14 +864,10 @@ impl Correlator {
             if c.holder_gone.values().all(Option::is_some) {
                 continue;
             }
-            let live: Vec<u32> = self
-                .holders
-                .holders_of(&c.files, c.inc.target.pid)
-                .iter()
-                .map(|h| h.pid)
-                .collect();
+            let target = c.inc.target.pid;
             for (&holder, gone) in &c.holder_gone {
-                if gone.is_some() || live.contains(&holder) {
+                if gone.is_some() || (holder != target && self.holders.holds_any(holder, &c.files))
+                {
                     continue;
                 }
                 // A holder that died let go with its own release; one that closed, now.
@@ -936,16 +942,36 @@ impl Correlator {
             holders: &self.holders,
         };
         let changes = self.memory.reading(t_ns, gpus, seen);
+        let mut touched = self.memory.take_touched();
+        touched.append(&mut self.await_reading);
         for change in changes {
-            if let Change::Imported { key, residuals } = change {
-                self.memory.activity(key, t_ns);
-                self.name_importers(key, &residuals);
+            match change {
+                Change::Imported { key, residuals } => {
+                    self.memory.activity(key, t_ns);
+                    self.name_importers(key, &residuals);
+                    touched.insert(key);
+                }
+                Change::OwnBack { key, .. }
+                | Change::ResidualBack { key, .. }
+                | Change::Withdrawn { key, .. } => {
+                    touched.insert(key);
+                }
+            }
+        }
+        // A case's memory may be another's: it moves with that one's.
+        let aliases: Vec<u64> = touched
+            .iter()
+            .flat_map(|k| self.memory.aliases_of(*k))
+            .collect();
+        for id in touched.into_iter().chain(aliases) {
+            if self.cases.contains_key(&id) {
+                self.agenda.touch(id);
             }
         }
         // The first reading changes how every case's memory is judged. Later ones concern
-        // only cases that are never quiet (GPU processes, those NVML listed) and those it
-        // lists now: a pass over every quiet case after each reading (a millisecond apart
-        // while memory is awaited) was most of the collector's work in kill storms.
+        // only the cases whose memory's account they changed, those waiting for a reading and
+        // those it lists now: a pass over every quiet case after each reading (a millisecond
+        // apart while memory is awaited) was most of the collector's work in kill storms.
         if self.nvml.is_none() {
             self.agenda.touch_all();
         }
@@ -953,7 +979,8 @@ impl Correlator {
         // A process NVML lists is a GPU process, whether or not its files were seen.
         let listed: Vec<(u64, Option<u64>)> = self
             .memory
-            .figured()
+            .take_figured()
+            .into_iter()
             .filter_map(|id| self.cases.get(&id).filter(|c| !c.gpu).map(|c| (id, c)))
             .map(|(id, c)| (id, c.inc.t_group_dead_ns))
             .collect();
@@ -1008,6 +1035,9 @@ impl Correlator {
             if let Some(until) = self.quiet_until(id) {
                 self.agenda.quiet(id, until);
             }
+            if self.awaits_reading(id) {
+                self.await_reading.insert(id);
+            }
         }
         self.link_xids();
         self.gpu_errors(false, out);
@@ -1022,21 +1052,25 @@ impl Correlator {
         }
     }
 
-    /// Until when nothing can happen to open case `id` that no event touching it brings:
-    /// known for processes not known to hold GPU memory (those of kill storms), whose
-    /// decisions depend on their own signals, death and reap and on the clock only. None:
-    /// every pass looks at it.
+    /// Until when nothing can happen to open case `id` that no event touching it brings: a
+    /// live process's decisions depend on its own signals and the clock; a dead one's not
+    /// known to hold GPU memory (those of kill storms) on its death and reap too; a watched
+    /// one's also on the readings that change its memory's account (`watched_quiet_until`).
+    /// None: every pass looks at it. A pass over every open case after every event (700k
+    /// events in a 150 s soak, teardown samples most of them) was most of the analysis's
+    /// work under churn.
     fn quiet_until(&self, id: u64) -> Option<u64> {
         let c = self.cases.get(&id)?;
         let figure = self
             .memory
             .watch(id)
             .is_some_and(|w| w.max_figure().is_some());
-        if c.gpu || figure || c.reported.is_some() {
-            return None;
-        }
         let cfg = &self.config;
         match c.inc.t_group_dead_ns {
+            None if c.reported.is_some() => None,
+            Some(dead) if c.gpu || figure || c.reported.is_some() => {
+                self.watched_quiet_until(id, c, dead)
+            }
             None => {
                 // Its next survived signal to notice, its stuck report, or its case's end.
                 let notice = c
@@ -1063,6 +1097,65 @@ impl Correlator {
                 Some(dead.saturating_add(cfg.reap_wait_ns.min(cfg.slow_after_ns)))
             }
         }
+    }
+
+    /// Until when nothing can happen to dead case `id`, whose memory is watched (or which was
+    /// reported), that no event touching it brings: its own records, its holders', a reading
+    /// that changes its memory's account or one it waits for (`await_reading`); else the
+    /// clock's thresholds. None while its memory is off NVML's list but not back, unreported:
+    /// whether that is unexplained turns on other teardowns in flight, so every pass looks.
+    fn watched_quiet_until(&self, id: u64, c: &Case, dead: u64) -> Option<u64> {
+        let back = self.back(id).map(|b| b.0);
+        let w = self.memory.watch(id);
+        let off_list = w.is_some_and(|w| {
+            matches!(w.role, Role::Own { .. })
+                && w.max_figure().is_some()
+                && !w.listed()
+                && w.residuals().next().is_none()
+        });
+        if c.reported.is_none()
+            && self.nvml.is_some()
+            && back.is_none()
+            && c.kernel_release.is_some()
+            && off_list
+        {
+            return None;
+        }
+        let cfg = &self.config;
+        let times = [
+            dead.saturating_add(HELD_REPORT_NS),
+            dead.saturating_add(cfg.reap_wait_ns),
+            dead.saturating_add(cfg.slow_after_ns),
+            dead.saturating_add(cfg.linger_after_ns),
+        ];
+        let back = back.map(|b| b.saturating_add(HELD_REPORT_NS));
+        let in_flight = c.kernel_release.map(|k| k.0.saturating_add(IN_FLIGHT_NS));
+        let verified = w
+            .into_iter()
+            .flat_map(|w| w.residuals())
+            .filter_map(|r| r.verified_ns());
+        let next = times
+            .into_iter()
+            .chain(back)
+            .chain(in_flight)
+            .chain(verified)
+            .filter(|t| *t > self.now_ns)
+            .min();
+        Some(next.unwrap_or(u64::MAX))
+    }
+
+    /// Whether dead GPU case `id` waits for a reading taken since its death or its files'
+    /// last release: whether it was read then, and what the kernel's release is worth, turn
+    /// on it.
+    fn awaits_reading(&self, id: u64) -> bool {
+        let Some(c) = self.cases.get(&id).filter(|c| c.gpu) else {
+            return false;
+        };
+        let Some(dead) = c.inc.t_group_dead_ns else {
+            return false;
+        };
+        let released = self.last_release(c).unwrap_or(0);
+        !self.memory.read_since(dead.max(released.saturating_sub(1)))
     }
 
     /// One case's time-based decisions and the reports they make due.
@@ -1166,6 +1259,7 @@ impl Correlator {
         if let Some(t) = self.teardown_of(id) {
             self.storms.done(id, t);
         }
+        self.await_reading.remove(&id);
         if let Some(c) = self.cases.remove(&id) {
             for holder in c.holder_gone.keys() {
                 if let Some(ids) = self.held_for.get_mut(holder) {

@@ -185,81 +185,7 @@ impl Holders {
                     self.exec_closed.insert(e.pid, closed);
                 }
             }
-            EventData::GpuFd {
-                op,
-                fd,
-                dev,
-                cloexec,
-                truncated,
-                file,
-                refcount,
-            } => {
-                if *truncated {
-                    self.walk_stopped(e.pid, *op);
-                    return;
-                }
-                if *fd < 0 {
-                    // The driver's open hook: the descriptor is not installed yet.
-                    self.opened_by_driver(e, *file, *dev);
-                    return;
-                }
-                let file = self.learn(e.pid, *fd, *file);
-                let how = match op {
-                    FdOp::Open => How::Open { t_ns: e.ts_ns },
-                    FdOp::Dup => How::Dup { t_ns: e.ts_ns },
-                    _ => How::Seen { t_ns: e.ts_ns },
-                };
-                match op {
-                    FdOp::Open | FdOp::Dup | FdOp::HeldAtExec | FdOp::HeldAtSearch => {
-                        if *op == FdOp::HeldAtExec {
-                            if let Some(pending) = self.exec_pending.get_mut(&e.pid) {
-                                pending.remove(fd);
-                            }
-                        }
-                        let closed = self.exec_closed.get(&e.pid).and_then(|c| c.get(fd));
-                        let p = self.procs.entry(e.pid).or_default();
-                        if *op == FdOp::Open {
-                            p.first_open_ns.get_or_insert(e.ts_ns);
-                        }
-                        let keep = p
-                            .fds
-                            .get(fd)
-                            .or(closed)
-                            .filter(|old| old.file == file)
-                            .map(|old| old.how);
-                        // A walk names the descriptor a driver-seen open got.
-                        let unnumbered = p
-                            .fds
-                            .iter()
-                            .find(|(n, f)| **n < 0 && f.file == file)
-                            .map(|(n, f)| (*n, f.how));
-                        let keep = keep.or(unnumbered.map(|(_, how)| how));
-                        if let Some((n, _)) = unnumbered {
-                            p.fds.remove(&n);
-                        }
-                        p.fds.insert(
-                            *fd,
-                            Fd {
-                                file,
-                                dev: *dev,
-                                cloexec: *cloexec,
-                                how: keep.unwrap_or(how),
-                            },
-                        );
-                    }
-                    FdOp::Close => {
-                        if let Some(p) = self.procs.get_mut(&e.pid) {
-                            p.fds.remove(fd);
-                        }
-                    }
-                    FdOp::HeldAtExit => self.dying.entry(e.pid).or_default().push(HeldFile {
-                        fd: *fd,
-                        file,
-                        dev: *dev,
-                        refcount: *refcount,
-                    }),
-                }
-            }
+            EventData::GpuFd { .. } => self.gpu_fd(e),
             EventData::GpuCloseRange { first, last, flags } => {
                 const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
                 if let Some(p) = self.procs.get_mut(&e.pid) {
@@ -315,6 +241,87 @@ impl Holders {
                 p.info = Some(info.clone());
             }
             _ => {}
+        }
+    }
+
+    /// A GPU descriptor opened, dup'ed, closed or listed by a walk.
+    fn gpu_fd(&mut self, e: &Event) {
+        let EventData::GpuFd {
+            op,
+            fd,
+            dev,
+            cloexec,
+            truncated,
+            file,
+            refcount,
+        } = &e.data
+        else {
+            return;
+        };
+        if *truncated {
+            self.walk_stopped(e.pid, *op);
+            return;
+        }
+        if *fd < 0 {
+            // The driver's open hook: the descriptor is not installed yet.
+            self.opened_by_driver(e, *file, *dev);
+            return;
+        }
+        let file = self.learn(e.pid, *fd, *file);
+        let how = match op {
+            FdOp::Open => How::Open { t_ns: e.ts_ns },
+            FdOp::Dup => How::Dup { t_ns: e.ts_ns },
+            _ => How::Seen { t_ns: e.ts_ns },
+        };
+        match op {
+            FdOp::Open | FdOp::Dup | FdOp::HeldAtExec | FdOp::HeldAtSearch => {
+                if *op == FdOp::HeldAtExec {
+                    if let Some(pending) = self.exec_pending.get_mut(&e.pid) {
+                        pending.remove(fd);
+                    }
+                }
+                let closed = self.exec_closed.get(&e.pid).and_then(|c| c.get(fd));
+                let p = self.procs.entry(e.pid).or_default();
+                if *op == FdOp::Open {
+                    p.first_open_ns.get_or_insert(e.ts_ns);
+                }
+                let keep = p
+                    .fds
+                    .get(fd)
+                    .or(closed)
+                    .filter(|old| old.file == file)
+                    .map(|old| old.how);
+                // A walk names the descriptor a driver-seen open got.
+                let unnumbered = p
+                    .fds
+                    .iter()
+                    .find(|(n, f)| **n < 0 && f.file == file)
+                    .map(|(n, f)| (*n, f.how));
+                let keep = keep.or(unnumbered.map(|(_, how)| how));
+                if let Some((n, _)) = unnumbered {
+                    p.fds.remove(&n);
+                }
+                p.fds.insert(
+                    *fd,
+                    Fd {
+                        file,
+                        dev: *dev,
+                        cloexec: *cloexec,
+                        how: keep.unwrap_or(how),
+                    },
+                );
+            }
+            FdOp::Close => {
+                if let Some(p) = self.procs.get_mut(&e.pid) {
+                    p.fds.remove(fd);
+                }
+            }
+            FdOp::HeldAtExit => self.dying.entry(e.pid).or_default().push(HeldFile {
+                fd: *fd,
+                file,
+                dev: *dev,
+                refcount: *refcount,
+            }),
         }
     }
 
@@ -439,6 +446,13 @@ impl Holders {
     }
 
     /// Live processes other than `except` that hold any of `files`.
+    /// Whether `pid` holds any of `files`.
+    pub fn holds_any(&self, pid: u32, files: &[FileId]) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|p| p.fds.values().any(|fd| files.contains(&fd.file)))
+    }
+
     pub fn holders_of(&self, files: &[FileId], except: u32) -> Vec<Holder> {
         let mut out: Vec<Holder> = self
             .procs

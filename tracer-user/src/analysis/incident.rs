@@ -1,6 +1,8 @@
 //! An incident: one process's death (and every fatal signal that led to it), followed until
 //! its GPU memory is back. Serialized as JSON lines (schema: docs/incident-json.md).
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use super::{
@@ -94,10 +96,11 @@ pub struct Incident {
     /// linger could not see for this incident, and how it still knows.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unseen: Vec<String>,
-    /// The teardown's kernel stacks (outermost frame first) with the time each accounts for:
-    /// the flamegraph `linger export --format folded|svg` draws. Not in the JSON lines.
+    /// The teardown's kernel stacks (innermost frame first, shared with the analysis) with
+    /// the time each accounts for: the flamegraph `linger export --format folded|svg` draws.
+    /// Not in the JSON lines.
     #[serde(skip)]
-    pub teardown_stacks: Vec<(Vec<String>, u64)>,
+    pub teardown_stacks: Vec<(Arc<[String]>, u64)>,
 }
 
 impl Incident {

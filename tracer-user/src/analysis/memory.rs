@@ -106,7 +106,12 @@ impl Residual {
 
     /// An importer only NVML suggests, whose own driver calls may still explain its rise.
     pub fn provisional(&self, now_ns: u64) -> bool {
-        self.rise.is_some() && now_ns < self.found_ns.saturating_add(VERIFY_NS)
+        self.verified_ns().is_some_and(|t| now_ns < t)
+    }
+
+    /// When a suspicion NVML alone raised stands, unless withdrawn before.
+    pub fn verified_ns(&self) -> Option<u64> {
+        self.rise.map(|_| self.found_ns.saturating_add(VERIFY_NS))
     }
 }
 
@@ -399,6 +404,16 @@ pub struct MemoryBook {
     importing: BTreeMap<u32, BTreeSet<u64>>,
     /// Watches with an importer only NVML suggests, not back yet.
     suspects: BTreeSet<u64>,
+    /// Watches by pid: a reading visits the watches of the processes it lists.
+    by_pid: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches the latest reading of each GPU listed.
+    listed_on: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches whose listing, figures or imports changed since the caller last asked.
+    touched: BTreeSet<u64>,
+    /// Watches NVML gave a first figure since the caller last asked.
+    figured: BTreeSet<u64>,
+    /// Watches of dead victims with memory of their own (`Role::Own`).
+    own: BTreeSet<u64>,
 }
 
 /// How closely NVML should be read now, least to most.
@@ -512,14 +527,41 @@ impl MemoryBook {
             last_activity_ns: t_ns,
         });
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        self.by_pid.entry(pid).or_default().insert(key);
         // What NVML said last is the earliest figure it gets, on each GPU that lists it.
         for (g, _) in self.last.values() {
             if let Some(p) = g.processes.iter().find(|p| p.pid == pid) {
                 let d = w.devices.entry(g.index).or_default();
                 d.listed = true;
+                if d.max_figure.is_none() && p.used.is_some() {
+                    self.figured.insert(key);
+                }
                 d.max_figure = d.max_figure.max(p.used);
+                self.listed_on.entry(g.index).or_default().insert(key);
             }
         }
+    }
+
+    /// The watches NVML gave a first figure since the last call, in key order.
+    pub fn take_figured(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.figured)
+    }
+
+    /// The watches whose listing, figures or imports changed since the last call.
+    pub fn take_touched(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// The watches whose memory is `key`'s (forked holders of its files).
+    pub fn aliases_of(&self, key: u64) -> Vec<u64> {
+        if self.aliases == 0 {
+            return Vec::new();
+        }
+        self.watches
+            .iter()
+            .filter(|(_, w)| w.role == Role::AliasOf(key))
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Watches `pid` under `key` in case NVML lists it: with `--lean`, a process killed before
@@ -547,6 +589,11 @@ impl MemoryBook {
         self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
         self.aliases += usize::from(matches!(role, Role::AliasOf(_)));
         w.role = role;
+        if matches!(role, Role::Own { .. }) {
+            self.own.insert(key);
+        } else {
+            self.own.remove(&key);
+        }
         w.dead_ns.get_or_insert(t_ns);
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         // What it held just before, by a reading taken since the signal (an older one may
@@ -719,6 +766,15 @@ impl MemoryBook {
     /// Stops watching `key`, and drops it from the pools and indexes.
     fn remove_watch(&mut self, key: u64) -> Option<Watch> {
         let w = self.watches.remove(&key)?;
+        if let Some(keys) = self.by_pid.get_mut(&w.pid) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.by_pid.remove(&w.pid);
+            }
+        }
+        for keys in self.listed_on.values_mut() {
+            keys.remove(&key);
+        }
         for pool in self.pools.values_mut() {
             pool.victims.remove(&key);
         }
@@ -731,15 +787,10 @@ impl MemoryBook {
             }
         }
         self.suspects.remove(&key);
+        self.own.remove(&key);
+        self.figured.remove(&key);
+        self.touched.remove(&key);
         Some(w)
-    }
-
-    /// The keys of the watches NVML has given a figure, in key order.
-    pub fn figured(&self) -> impl Iterator<Item = u64> + '_ {
-        self.watches
-            .iter()
-            .filter(|(_, w)| w.max_figure().is_some())
-            .map(|(k, _)| *k)
     }
 
     /// Whether the latest reading lists `pid` on some GPU.
@@ -789,22 +840,41 @@ impl MemoryBook {
 
     /// Updates each watch's figures on `g`'s GPU.
     fn note_listing(&mut self, g: &NvmlGpu) {
-        for w in self.watches.values_mut() {
-            match g.processes.iter().find(|p| p.pid == w.pid) {
-                Some(p) => {
-                    let alive = w.role == Role::Alive;
-                    let d = w.devices.entry(g.index).or_default();
-                    // Its largest figure: NVML may show 0 for a process mid-teardown.
-                    d.listed = true;
-                    d.max_figure = d.max_figure.max(p.used);
-                    if !alive {
-                        d.death_figure = d.death_figure.max(Some(p.used.unwrap_or(0)));
-                    }
+        let mut listed: BTreeSet<u64> = BTreeSet::new();
+        let mut seen: BTreeSet<u32> = BTreeSet::new();
+        // A pid listed twice counts by its first entry.
+        for p in g.processes.iter().filter(|p| seen.insert(p.pid)) {
+            for &key in self.by_pid.get(&p.pid).into_iter().flatten() {
+                let Some(w) = self.watches.get_mut(&key) else {
+                    continue;
+                };
+                let alive = w.role == Role::Alive;
+                let d = w.devices.entry(g.index).or_default();
+                let before = (d.listed, d.max_figure, d.death_figure);
+                // Its largest figure: NVML may show 0 for a process mid-teardown.
+                d.listed = true;
+                d.max_figure = d.max_figure.max(p.used);
+                if !alive {
+                    d.death_figure = d.death_figure.max(Some(p.used.unwrap_or(0)));
                 }
-                None => {
-                    if let Some(d) = w.devices.get_mut(&g.index) {
-                        d.listed = false;
-                    }
+                if before != (d.listed, d.max_figure, d.death_figure) {
+                    self.touched.insert(key);
+                }
+                if before.1.is_none() && d.max_figure.is_some() {
+                    self.figured.insert(key);
+                }
+                listed.insert(key);
+            }
+        }
+        let was = std::mem::replace(self.listed_on.entry(g.index).or_default(), listed);
+        for key in was {
+            let Some(w) = self.watches.get_mut(&key) else {
+                continue;
+            };
+            if let Some(d) = w.devices.get_mut(&g.index).filter(|d| d.listed) {
+                if !self.listed_on[&g.index].contains(&key) {
+                    d.listed = false;
+                    self.touched.insert(key);
                 }
             }
         }
@@ -814,17 +884,18 @@ impl MemoryBook {
     fn open_pool(&mut self, g: &NvmlGpu, t_ns: u64) {
         let single_gpu = self.last.len() <= 1;
         let waiting: Vec<u64> = self
-            .watches
+            .own
             .iter()
-            .filter(|(_, w)| {
-                matches!(w.role, Role::Own { .. })
-                    && match w.devices.get(&g.index) {
+            .filter(|key| {
+                self.watches
+                    .get(key)
+                    .is_some_and(|w| match w.devices.get(&g.index) {
                         Some(d) => d.back_ns().is_none(),
                         // A victim NVML never listed counts on the only GPU there is.
                         None => w.devices.is_empty() && single_gpu,
-                    }
+                    })
             })
-            .map(|(key, _)| *key)
+            .copied()
             .collect();
         if waiting.is_empty() {
             return;
@@ -958,12 +1029,12 @@ impl MemoryBook {
         let Some(pool) = self.pools.get_mut(&gpu) else {
             return;
         };
-        let mut candidates: Vec<(u64, u64, u64)> = self
-            .watches
+        let mut candidates: Vec<(u64, u64, u64)> = pool
+            .victims
             .iter()
-            .filter(|(key, w)| {
-                pool.victims.contains(key)
-                    && w.devices.get(&gpu).is_some_and(|d| d.own_back_ns.is_none())
+            .filter_map(|key| Some((key, self.watches.get(key)?)))
+            .filter(|(_, w)| {
+                w.devices.get(&gpu).is_some_and(|d| d.own_back_ns.is_none())
                     && w.device_share(gpu).is_some()
                     && figure(g, w.pid).is_none()
             })
@@ -1009,20 +1080,29 @@ impl MemoryBook {
         let Some(pool) = self.pools.get_mut(&gpu) else {
             return;
         };
-        let backs: BTreeMap<u32, u64> = self
-            .watches
-            .values()
-            .filter_map(|w| Some((w.pid, w.back_ns()?)))
-            .collect();
-        for (&key, w) in self.watches.iter_mut() {
-            if !pool.victims.contains(&key) {
+        // An importer that was a victim too: its own return, by its latest watch that has one.
+        let mut backs: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+        for key in pool.victims.iter() {
+            let Some(w) = self.watches.get(key) else {
                 continue;
+            };
+            for r in w.devices.get(&gpu).into_iter().flat_map(|d| &d.residuals) {
+                backs.entry(r.importer).or_insert_with(|| {
+                    let keys = self.by_pid.get(&r.importer).into_iter().flatten();
+                    keys.rev().find_map(|k| self.watches.get(k)?.back_ns())
+                });
             }
-            let Some(d) = w.devices.get_mut(&gpu) else {
+        }
+        for &key in pool.victims.iter() {
+            let Some(d) = self
+                .watches
+                .get_mut(&key)
+                .and_then(|w| w.devices.get_mut(&gpu))
+            else {
                 continue;
             };
             for r in d.residuals.iter_mut().filter(|r| r.nvml_ns.is_none()) {
-                if let Some(&t) = backs.get(&r.importer) {
+                if let Some(&t) = backs.get(&r.importer).and_then(Option::as_ref) {
                     r.nvml_ns = Some(t);
                 } else if r.via != ImportVia::Nvml && figure(g, r.importer).is_some() {
                     continue;
@@ -1064,6 +1144,7 @@ impl MemoryBook {
             let Some(back) = settle_import(w, importer, t_ns, listed) else {
                 continue;
             };
+            self.touched.insert(key);
             for d in w.devices.values_mut() {
                 for r in d.residuals.iter_mut() {
                     if r.importer == importer && r.back_ns.is_none() {

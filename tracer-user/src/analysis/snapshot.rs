@@ -2,6 +2,8 @@
 //! (the mode, the memory's return and who decided it, phases, verdict), computed anew for each
 //! report.
 
+use std::sync::Arc;
+
 use tracer_common::driver::dev_minor;
 
 use super::{
@@ -11,6 +13,7 @@ use super::{
     ledger::LedgerPart,
     memory::{tolerance, ImportVia, Role, ShareFrom, Watch},
     signals::{self, Origin, SIGKILL},
+    teardown::TeardownLog,
     termination::{self, Mode, SignalSent},
     verdict::{self, gib},
 };
@@ -43,102 +46,13 @@ impl Correlator {
         let w = self.memory.watch(id);
         let back = self.back(id);
         if c.gpu {
-            inc.holders = self.holders_of_case(c, w);
-            let mut evidence = self.share_evidence(c, w, pid);
-            evidence.extend(self.release_evidence(&inc, back, c.kernel_release));
-            let gpu = inc.gpu.get_or_insert_with(Default::default);
-            if let Some((share, from)) = w.and_then(|w| w.share()) {
-                gpu.share_bytes = share;
-                gpu.share_from = from.label();
-            } else {
-                gpu.share_from = "none";
-            }
-            if let Some(w) = w {
-                gpu.index = w.gpu();
-                gpu.bytes_nvml = w.nvml_figure();
-                gpu.nvml_used_before = w.devices.values().next().and_then(|d| d.used_before);
-                gpu.released_bytes = w.released();
-            }
-            gpu.t_files_released_ns = c.kernel_release.map(|k| k.0);
-            gpu.files_released_by = c.kernel_release.map(|k| k.1);
-            gpu.t_holders_gone_ns = (!c.holder_gone.is_empty())
-                .then(|| {
-                    c.holder_gone
-                        .values()
-                        .try_fold(0, |t, g| g.map(|g| t.max(g)))
-                })
-                .flatten();
-            gpu.unaccounted_references = c.unaccounted;
-            gpu.t_memory_back_ns = back.map(|b| b.0);
-            gpu.memory_back_by = back.map(|b| b.1);
-            let held_elsewhere = !c.fd_holders.is_empty()
-                || c.unaccounted > 0
-                || w.is_some_and(|w| w.residuals().next().is_some());
-            if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
-                gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
-            }
-            gpu.gpus = self.gpu_parts(id, &gpu.files, &c.ledger_parts);
-            if let Some((k, Source::Confirmed)) = back {
-                // The kernel released the files, and with them every GPU's part, at once.
-                gpu.released_bytes = gpu.share_bytes;
-                for p in &mut gpu.gpus {
-                    p.t_memory_back_ns = Some(k);
-                    p.released_bytes = p.share_bytes;
-                }
-            }
-            // The ledger's bytes on the GPUs NVML lists it on (all of them, in a trace
-            // recorded before the ledger placed memory).
-            let ledger_listed = if c.ledger_parts.is_empty() {
-                gpu.bytes_ledger
-            } else {
-                gpu.gpus
-                    .iter()
-                    .filter(|p| p.bytes_nvml.is_some())
-                    .filter_map(|p| p.bytes_ledger)
-                    .sum()
-            };
-            if let (Some(n), true) = (gpu.bytes_nvml, ledger_listed > 0) {
-                if n.abs_diff(ledger_listed) > tolerance(n) {
-                    evidence.push(format!(
-                        "NVML's figure ({}) and the ledger ({} of video memory) differ: NVML \
-                         counts the CUDA context's own memory and allocations made before \
-                         tracing; the share is NVML's",
-                        gib(n),
-                        gib(ledger_listed)
-                    ));
-                }
-            }
-            evidence.extend(placement_evidence(&c.ledger_parts, &gpu.gpus));
-            gpu.evidence = evidence;
+            self.gpu_record(id, c, w, back, &mut inc);
         }
 
         let empty = Default::default();
         let log = self.teardown.get(&pid).unwrap_or(&empty);
         if let (Some(dead), true) = (dead, c.gpu) {
-            let to = c.kernel_release.map_or(now, |k| k.0);
-            let (mut phases, mut coverage) = match c.dead_tid {
-                Some(tid) => log.phases(&self.stacks, tid, dead, to),
-                None => (Vec::new(), None),
-            };
-            if phases.is_empty() {
-                phases = log.hooked_phases(dead, to);
-                let covered: u64 = phases.iter().map(|p| p.ns).sum();
-                coverage = (!phases.is_empty() && to > dead)
-                    .then(|| (covered as f64 / (to - dead) as f64).min(1.0));
-            }
-            inc.phases = phases;
-            inc.phases_coverage = coverage;
-            inc.release = log.driver_release(dead, to);
-            let end = back.map_or(to, |b| b.0.max(to));
-            inc.teardown_stacks = log
-                .weighted_stacks(dead, end)
-                .into_iter()
-                .map(|(id, ns)| {
-                    let mut frames = self.stacks.get(&id).cloned().unwrap_or_default();
-                    frames.reverse();
-                    (frames, ns)
-                })
-                .collect();
+            self.teardown_record(c, log, dead, back, &mut inc);
         }
         if c.gpu {
             inc.collateral =
@@ -167,7 +81,11 @@ impl Correlator {
                 .asleep(now)
                 .into_iter()
                 .map(|(tid, since, id)| {
-                    let frames = self.stacks.get(&id).cloned().unwrap_or_default();
+                    let frames = self
+                        .stacks
+                        .get(&id)
+                        .map(|s| s.frames.to_vec())
+                        .unwrap_or_default();
                     (tid, since, frames)
                 })
                 .collect();
@@ -204,6 +122,121 @@ impl Correlator {
             }
         }
         inc
+    }
+
+    /// Where a dead GPU process's teardown time went, from its death to its own release of
+    /// its files: phases, the hooked release, and the stacks for flamegraphs.
+    fn teardown_record(
+        &self,
+        c: &Case,
+        log: &TeardownLog,
+        dead: u64,
+        back: Option<(u64, Source)>,
+        inc: &mut Incident,
+    ) {
+        let to = c.kernel_release.map_or(self.now_ns, |k| k.0);
+        let (mut phases, mut coverage) = match c.dead_tid {
+            Some(tid) => log.phases(&self.stacks, tid, dead, to),
+            None => (Vec::new(), None),
+        };
+        if phases.is_empty() {
+            phases = log.hooked_phases(dead, to);
+            let covered: u64 = phases.iter().map(|p| p.ns).sum();
+            coverage = (!phases.is_empty() && to > dead)
+                .then(|| (covered as f64 / (to - dead) as f64).min(1.0));
+        }
+        inc.phases = phases;
+        inc.phases_coverage = coverage;
+        inc.release = log.driver_release(dead, to);
+        let end = back.map_or(to, |b| b.0.max(to));
+        inc.teardown_stacks = log
+            .weighted_stacks(dead, end)
+            .into_iter()
+            .map(|(id, ns)| {
+                let frames = self.stacks.get(&id).map(|s| s.frames.clone());
+                (frames.unwrap_or_else(|| Arc::new([])), ns)
+            })
+            .collect();
+    }
+
+    /// The GPU part of a case's record: its share, who holds it, when it was back and by
+    /// which account, each GPU's part, and the evidence in words.
+    fn gpu_record(
+        &self,
+        id: u64,
+        c: &Case,
+        w: Option<&Watch>,
+        back: Option<(u64, Source)>,
+        inc: &mut Incident,
+    ) {
+        let pid = inc.target.pid;
+        inc.holders = self.holders_of_case(c, w);
+        let mut evidence = self.share_evidence(c, w, pid);
+        evidence.extend(self.release_evidence(inc, back, c.kernel_release));
+        let gpu = inc.gpu.get_or_insert_with(Default::default);
+        if let Some((share, from)) = w.and_then(|w| w.share()) {
+            gpu.share_bytes = share;
+            gpu.share_from = from.label();
+        } else {
+            gpu.share_from = "none";
+        }
+        if let Some(w) = w {
+            gpu.index = w.gpu();
+            gpu.bytes_nvml = w.nvml_figure();
+            gpu.nvml_used_before = w.devices.values().next().and_then(|d| d.used_before);
+            gpu.released_bytes = w.released();
+        }
+        gpu.t_files_released_ns = c.kernel_release.map(|k| k.0);
+        gpu.files_released_by = c.kernel_release.map(|k| k.1);
+        gpu.t_holders_gone_ns = (!c.holder_gone.is_empty())
+            .then(|| {
+                c.holder_gone
+                    .values()
+                    .try_fold(0, |t, g| g.map(|g| t.max(g)))
+            })
+            .flatten();
+        gpu.unaccounted_references = c.unaccounted;
+        gpu.t_memory_back_ns = back.map(|b| b.0);
+        gpu.memory_back_by = back.map(|b| b.1);
+        let held_elsewhere = !c.fd_holders.is_empty()
+            || c.unaccounted > 0
+            || w.is_some_and(|w| w.residuals().next().is_some());
+        if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
+            gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
+        }
+        gpu.gpus = self.gpu_parts(id, &gpu.files, &c.ledger_parts);
+        if let Some((k, Source::Confirmed)) = back {
+            // The kernel released the files, and with them every GPU's part, at once.
+            gpu.released_bytes = gpu.share_bytes;
+            for p in &mut gpu.gpus {
+                p.t_memory_back_ns = Some(k);
+                p.released_bytes = p.share_bytes;
+            }
+        }
+        // The ledger's bytes on the GPUs NVML lists it on (all of them, in a trace
+        // recorded before the ledger placed memory).
+        let ledger_listed = if c.ledger_parts.is_empty() {
+            gpu.bytes_ledger
+        } else {
+            gpu.gpus
+                .iter()
+                .filter(|p| p.bytes_nvml.is_some())
+                .filter_map(|p| p.bytes_ledger)
+                .sum()
+        };
+        if let (Some(n), true) = (gpu.bytes_nvml, ledger_listed > 0) {
+            if n.abs_diff(ledger_listed) > tolerance(n) {
+                evidence.push(format!(
+                    "NVML's figure ({}) and the ledger ({} of video memory) differ: NVML \
+                     counts the CUDA context's own memory and allocations made before \
+                     tracing; the share is NVML's",
+                    gib(n),
+                    gib(ledger_listed)
+                ));
+            }
+        }
+        evidence.extend(placement_evidence(&c.ledger_parts, &gpu.gpus));
+        gpu.evidence = evidence;
     }
 
     /// Each GPU of the case's memory (its own, or its owner's for an alias) and of its

@@ -8,7 +8,7 @@
 //! milliseconds (GSP RPC polling; a 43 ms gap was seen on the H200), and the timer fires only
 //! afterwards, inside the same work. Time a thread waited for a CPU counts the same way.
 
-use std::collections::HashMap;
+use std::{cell::OnceCell, collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
@@ -72,6 +72,42 @@ const HOST_MEMORY: [&str; 4] = [
 
 /// Frames of a release the driver handed to its own thread.
 const DEFERRED_RELEASE: [&str; 2] = ["nvidia_close_deferred", "uvm_release_deferred"];
+
+/// A symbolized kernel stack (innermost frame first) with what the analysis reads of it,
+/// worked out once, when first asked: every report of a teardown goes over all of its
+/// samples' stacks, and most stacks belong to no report. Shared with the reports.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    pub frames: Arc<[String]>,
+    /// Its phase, and whether it waits on the GPU's firmware.
+    class: OnceCell<(Phase, bool)>,
+    /// Its frame that runs a release the driver handed to its own thread, if any.
+    deferred: OnceCell<Option<usize>>,
+}
+
+impl Stack {
+    pub fn new(frames: Vec<String>) -> Self {
+        Self {
+            frames: frames.into(),
+            class: OnceCell::new(),
+            deferred: OnceCell::new(),
+        }
+    }
+
+    fn class(&self) -> (Phase, bool) {
+        *self.class.get_or_init(|| classify(&self.frames))
+    }
+
+    /// Its frame that runs a deferred release, if any.
+    fn deferred(&self) -> Option<&String> {
+        let at = self.deferred.get_or_init(|| {
+            self.frames
+                .iter()
+                .position(|f| DEFERRED_RELEASE.iter().any(|d| f.starts_with(d)))
+        });
+        self.frames.get((*at)?)
+    }
+}
 
 /// A stack's phase (innermost frame first), and whether it waits on the GPU's firmware.
 pub fn classify(frames: &[String]) -> (Phase, bool) {
@@ -174,7 +210,7 @@ impl TeardownLog {
     /// a sleep's end the sleep.
     pub fn phases(
         &self,
-        stacks: &IdMap<i32, Vec<String>>,
+        stacks: &IdMap<i32, Stack>,
         tid: u32,
         from: u64,
         to: u64,
@@ -194,7 +230,7 @@ impl TeardownLog {
             if end > start {
                 let (phase, gsp) = stacks
                     .get(&s.stack_id)
-                    .map_or((Phase::Other, false), |f| classify(f));
+                    .map_or((Phase::Other, false), Stack::class);
                 let e = by.entry(phase).or_default();
                 e.0 += end - start;
                 if gsp {
@@ -220,7 +256,7 @@ impl TeardownLog {
     /// `nvidia_close_deferred`, a sampled stack ran a deferred release, or the process woke
     /// UVM's deferred release queue. Ordinary wake-ups of UVM's bottom-half and channel
     /// threads are not.
-    pub fn deferral(&self, stacks: &IdMap<i32, Vec<String>>) -> Option<String> {
+    pub fn deferral(&self, stacks: &IdMap<i32, Stack>) -> Option<String> {
         if let Some(c) = self
             .calls
             .iter()
@@ -232,11 +268,8 @@ impl TeardownLog {
             ));
         }
         let sampled = self.samples.iter().find_map(|s| {
-            stacks
-                .get(&s.stack_id)?
-                .iter()
-                .find(|f| DEFERRED_RELEASE.iter().any(|d| f.starts_with(d)))
-                .map(|f| (s.tid, f.clone()))
+            let frame = stacks.get(&s.stack_id)?.deferred()?;
+            Some((s.tid, frame.clone()))
         });
         if let Some((tid, frame)) = sampled {
             return Some(format!("thread {tid} ran {frame} for it"));

@@ -1055,3 +1055,40 @@ fn a_rise_of_a_process_whose_calls_are_unseen_stands_as_an_nvml_import() {
     assert_eq!(verdict(inc), VerdictKind::Imported);
     assert!(inc.holders.iter().any(|h| h.pid == 30));
 }
+
+/// Per-event work follows what the event touches, not how many GPU cases are open: 200 dead
+/// victims whose memory NVML still lists stay open, and events that concern none of them
+/// (the collector's ticks, readings that change nothing) look at none of them.
+#[test]
+fn events_that_touch_no_open_gpu_case_look_at_none() {
+    let mut r = Run::new();
+    r.ioctls_traced();
+    let victims = 1000..1200u32;
+    let listed: Vec<(u32, u64)> = victims.clone().map(|pid| (pid, GIB)).collect();
+    r.nvml(0.0, 200 * GIB, &listed);
+    for (i, pid) in victims.clone().enumerate() {
+        let t = 1.0 + i as f64 * 0.01;
+        r.holder(pid, i as u64, t);
+        r.kill(SHELL, pid, 9, t);
+        r.die(pid, &[FILE + i as u64], t + 0.005, 9);
+    }
+    r.nvml(5.0, 200 * GIB, &listed);
+    let before = r.c.agenda.taken;
+    for n in 0..1000 {
+        let t = 10.0 + n as f64 * 0.03;
+        r.tick(t);
+        if n % 50 == 0 {
+            r.nvml(t, 200 * GIB, &listed);
+        }
+    }
+    let looked = r.c.agenda.taken - before;
+    assert!(
+        looked < 100,
+        "{looked} cases looked at over 1000 ticks and 20 readings"
+    );
+    // A reading that no longer lists one of them wakes that one.
+    let fewer: Vec<(u32, u64)> = listed.iter().copied().filter(|p| p.0 != 1100).collect();
+    let before = r.c.agenda.taken;
+    r.nvml(45.0, 199 * GIB, &fewer);
+    assert_eq!(r.c.agenda.taken - before, 1);
+}

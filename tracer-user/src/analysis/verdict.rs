@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{
     holders::{Holder, How},
-    incident::{Incident, Source},
+    incident::{GpuImpact, Incident, Source},
     memory::ImportVia,
 };
 
@@ -89,77 +89,13 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         )
     });
     if !fd_holders.is_empty() || (importers.is_empty() && unaccounted.is_some()) {
-        let mut evidence: Vec<String> = fd_holders
-            .iter()
-            .map(|h| format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)))
-            .collect();
-        evidence.extend(unaccounted);
-        if fd_holders.is_empty() {
-            return Some(Verdict {
-                kind: VerdictKind::SharedFd,
-                evidence,
-                hint: "the memory is freed when the last holder closes the files; `linger \
-                       holders` lists who holds GPU files now"
-                    .into(),
-            });
-        }
-        let pids: Vec<String> = fd_holders.iter().map(|h| h.pid.to_string()).collect();
-        return Some(Verdict {
-            kind: VerdictKind::SharedFd,
-            evidence,
-            hint: format!(
-                "the memory is freed when the last holder closes the files: kill {} (or have \
-                 children close GPU descriptors; start DataLoader workers with the spawn method)",
-                pids.join(", ")
-            ),
-        });
+        return Some(shared_fd(&fd_holders, unaccounted));
     }
     if !importers.is_empty() {
         return Some(imported(inc, &importers, cx));
     }
     let Some(back) = gpu.t_memory_back_ns else {
-        let released = gpu.t_files_released_ns.is_some();
-        if released && cx.still_listed == Some(false) && !cx.others_in_flight {
-            if !cx.unknown_nvml_pids.is_empty() {
-                return Some(Verdict {
-                    kind: VerdictKind::PidUnresolved,
-                    evidence: vec![format!(
-                        "NVML lists pid(s) {:?} on the GPU, which no traced process matches",
-                        cx.unknown_nvml_pids
-                    )],
-                    hint: "those pids live in another pid namespace or are gone; run linger on \
-                           the host, or look them up with `linger holders`"
-                        .into(),
-                });
-            }
-            return Some(Verdict {
-                kind: VerdictKind::UnknownHolder,
-                evidence: vec![format!(
-                    "NVML no longer lists pid {}, but the device's used memory has not come down \
-                     by its share ({} of {} back) {:.1} ms after its files were released",
-                    inc.target.pid,
-                    gib(gpu.released_bytes),
-                    gib(gpu.share_bytes),
-                    ms(cx
-                        .now_ns
-                        .saturating_sub(gpu.t_files_released_ns.unwrap_or(dead)))
-                )],
-                hint: "something outside linger's view keeps it: an importer seen by neither \
-                       ioctls nor NVML, an MPS server, or a process in another namespace; see \
-                       `linger holders`"
-                    .into(),
-            });
-        }
-        return Some(Verdict {
-            kind: VerdictKind::SlowTeardown,
-            evidence: vec![format!(
-                "its teardown is still under way {:.0} ms after the group died",
-                ms(cx.now_ns.saturating_sub(dead))
-            )],
-            hint: "large allocations, pinned host memory and other processes' teardowns \
-                   (lock waits) slow the driver; an update follows when the memory is back"
-                .into(),
-        });
+        return not_back(inc, gpu, cx, dead);
     };
     let took = back.saturating_sub(dead);
     let breakdown: Vec<String> = inc
@@ -236,6 +172,82 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
         kind,
         evidence: breakdown,
         hint,
+    })
+}
+
+/// Other processes hold its GPU files (known ones, or references nobody known accounts for).
+fn shared_fd(fd_holders: &[&Holder], unaccounted: Option<String>) -> Verdict {
+    let mut evidence: Vec<String> = fd_holders
+        .iter()
+        .map(|h| format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)))
+        .collect();
+    evidence.extend(unaccounted);
+    if fd_holders.is_empty() {
+        return Verdict {
+            kind: VerdictKind::SharedFd,
+            evidence,
+            hint: "the memory is freed when the last holder closes the files; `linger \
+                   holders` lists who holds GPU files now"
+                .into(),
+        };
+    }
+    let pids: Vec<String> = fd_holders.iter().map(|h| h.pid.to_string()).collect();
+    Verdict {
+        kind: VerdictKind::SharedFd,
+        evidence,
+        hint: format!(
+            "the memory is freed when the last holder closes the files: kill {} (or have \
+             children close GPU descriptors; start DataLoader workers with the spawn method)",
+            pids.join(", ")
+        ),
+    }
+}
+
+/// The memory is not back: a teardown still under way, or, once NVML no longer lists the
+/// process and nothing else is in flight, a holder linger cannot see.
+fn not_back(inc: &Incident, gpu: &GpuImpact, cx: &Context, dead: u64) -> Option<Verdict> {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let released = gpu.t_files_released_ns.is_some();
+    if released && cx.still_listed == Some(false) && !cx.others_in_flight {
+        if !cx.unknown_nvml_pids.is_empty() {
+            return Some(Verdict {
+                kind: VerdictKind::PidUnresolved,
+                evidence: vec![format!(
+                    "NVML lists pid(s) {:?} on the GPU, which no traced process matches",
+                    cx.unknown_nvml_pids
+                )],
+                hint: "those pids live in another pid namespace or are gone; run linger on \
+                       the host, or look them up with `linger holders`"
+                    .into(),
+            });
+        }
+        return Some(Verdict {
+            kind: VerdictKind::UnknownHolder,
+            evidence: vec![format!(
+                "NVML no longer lists pid {}, but the device's used memory has not come down \
+                 by its share ({} of {} back) {:.1} ms after its files were released",
+                inc.target.pid,
+                gib(gpu.released_bytes),
+                gib(gpu.share_bytes),
+                ms(cx
+                    .now_ns
+                    .saturating_sub(gpu.t_files_released_ns.unwrap_or(dead)))
+            )],
+            hint: "something outside linger's view keeps it: an importer seen by neither \
+                   ioctls nor NVML, an MPS server, or a process in another namespace; see \
+                   `linger holders`"
+                .into(),
+        });
+    }
+    Some(Verdict {
+        kind: VerdictKind::SlowTeardown,
+        evidence: vec![format!(
+            "its teardown is still under way {:.0} ms after the group died",
+            ms(cx.now_ns.saturating_sub(dead))
+        )],
+        hint: "large allocations, pinned host memory and other processes' teardowns \
+               (lock waits) slow the driver; an update follows when the memory is back"
+            .into(),
     })
 }
 

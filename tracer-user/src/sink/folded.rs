@@ -21,7 +21,8 @@ pub fn lines(incidents: &[Incident]) -> Vec<String> {
             *weights.entry(stack).or_default() += phase.end_ns - phase.start_ns;
         }
         for (frames, ns) in &inc.teardown_stacks {
-            let kernel: Vec<String> = frames.iter().map(|f| frame(f)).collect();
+            // Outermost frame first.
+            let kernel: Vec<String> = frames.iter().rev().map(|f| frame(f)).collect();
             let stack = format!(
                 "{};{};teardown (kernel stacks);{}",
                 frame(&inc.target.comm),
