@@ -597,14 +597,17 @@ impl MemoryBook {
         w.dead_ns.get_or_insert(t_ns);
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         // What it held just before, by a reading taken since the signal (an older one may
-        // predate its allocations): frees of its own while it lived are not the death's.
+        // predate its allocations): frees of its own while it lived are not the death's. An
+        // exit has no signal: the last reading before it is the best there is (on a busy node
+        // the next may come after its memory is back, or list it at 0 mid-teardown).
         let (pid, since) = (w.pid, w.start_ns);
+        let exit = since >= t_ns;
         for (g, t) in self.last.values() {
             let figure = g
                 .processes
                 .iter()
                 .find(|p| p.pid == pid)
-                .filter(|_| *t >= since)
+                .filter(|_| *t >= since || exit)
                 .map(|p| p.used.unwrap_or(0));
             match (w.devices.get_mut(&g.index), figure) {
                 (Some(d), _) => d.death_figure = figure,

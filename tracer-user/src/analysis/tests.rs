@@ -1092,3 +1092,30 @@ fn events_that_touch_no_open_gpu_case_look_at_none() {
     r.nvml(45.0, 199 * GIB, &fewer);
     assert_eq!(r.c.agenda.taken - before, 1);
 }
+
+#[test]
+fn an_exit_nvml_reads_next_at_zero_or_gone_gives_back_what_the_reading_before_showed() {
+    // A busy node's NVML readings come hundreds of milliseconds apart: the one after an exit
+    // may list it at 0 mid-teardown, or not at all.
+    for after in [Some(0), None] {
+        let mut r = Run::new();
+        r.ioctls_traced();
+        r.nvml(0.0, GIB / 2, &[]);
+        r.holder(10, 0, 100.0);
+        r.nvml(900.0, 2 * GIB, &[(10, GIB + GIB / 2)]);
+        r.die(10, &[FILE], 1000.0, 0);
+        r.tick(1000.0);
+        let listed: Vec<(u32, u64)> = after.map(|b| (10, b)).into_iter().collect();
+        r.nvml(1500.0, GIB / 2, &listed);
+        r.zombie_and_reap(10, 1600.0);
+        r.tick(1700.0);
+        r.nvml(1800.0, GIB / 2, &[]);
+        r.tick(1900.0);
+        let inc = r.last_of(10);
+        let gpu = inc.gpu.as_ref().expect("gpu");
+        assert_eq!(inc.termination.mode, Mode::Exit);
+        assert_eq!(verdict(inc), VerdictKind::Released, "{after:?}");
+        assert_eq!(gpu.released_bytes, GIB + GIB / 2, "{after:?}");
+        assert!(back(inc).is_some(), "{after:?}: {inc:?}");
+    }
+}
