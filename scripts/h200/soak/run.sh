@@ -4,18 +4,20 @@
 # agent's incident log and stderr) and the recording without the driver controls no rule reads,
 # in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
 # usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
-#        bash scripts/h200/soak/run.sh
+#        [SMOKE=0] bash scripts/h200/soak/run.sh       (SMOKE=0: no smoke run, for a call's full 10 min)
 set -u
 L=${L:-target/release/linger}
 T=${T:-target/release/linger-trace-trim}
 MODES=${MODES:-default lean}
 S=$(dirname "$0")
-smoke=$(mktemp -d)
-PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$smoke" --duration 20 --workers 4 --rate 2
-if ! grep -q t_kill_ns "$smoke/truth.jsonl" || grep -q '"failed"' "$smoke/truth.jsonl"; then
-  echo "smoke run failed:"; head -c 3000 "$smoke/truth.jsonl"; cat "$smoke/agent.err"; exit 1
+if [ "${SMOKE:-1}" != 0 ]; then
+  smoke=$(mktemp -d)
+  PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$smoke" --duration 20 --workers 4 --rate 2
+  if ! grep -q t_kill_ns "$smoke/truth.jsonl" || grep -q '"failed"' "$smoke/truth.jsonl"; then
+    echo "smoke run failed:"; head -c 3000 "$smoke/truth.jsonl"; cat "$smoke/agent.err"; exit 1
+  fi
+  echo "smoke: $(grep -c t_kill_ns "$smoke/truth.jsonl") kills"
 fi
-echo "smoke: $(grep -c t_kill_ns "$smoke/truth.jsonl") kills"
 for mode in $MODES; do
   W=$(mktemp -d)
   flags=""
