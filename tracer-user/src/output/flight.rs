@@ -586,7 +586,7 @@ mod tests {
         let mut t = S;
         let mut id = 0;
         while t < 120 * S {
-            if t % (10 * S) == 0 {
+            if t.is_multiple_of(10 * S) {
                 id += 1;
                 f.incident(&held(id, 100 + id as u32, t - S));
             }
