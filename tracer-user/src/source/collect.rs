@@ -206,7 +206,7 @@ pub async fn run_tapped(
                 source.search(&pids);
             }
             watch.within(Part::Sampler, || source.sample_while_dying());
-            gpu.forget_stacks_if_idle();
+            gpu.forget_stacks(boottime_ns());
         }
     }
     // Whatever arrived before the stop still counts.

@@ -315,10 +315,16 @@ impl GpuSources {
         Some(pids)
     }
 
-    /// See [`StackResolver::forget_all`]: done while the analysis has no open incident.
-    pub fn forget_stacks_if_idle(&mut self) {
-        if let (true, Some(stacks)) = (self.idle.load(Ordering::Relaxed), &mut self.stacks) {
+    /// See [`StackResolver::forget_all`], done while the analysis has no open incident, and
+    /// [`StackResolver::forget_stale`] otherwise.
+    pub fn forget_stacks(&mut self, now_ns: u64) {
+        let Some(stacks) = &mut self.stacks else {
+            return;
+        };
+        if self.idle.load(Ordering::Relaxed) {
             stacks.forget_all();
+        } else {
+            stacks.forget_stale(now_ns);
         }
     }
 
