@@ -24,7 +24,7 @@ use super::lingering::{Lingering, Memory};
 use crate::{
     analysis::{gpu_errors, Incident, Output as Record},
     event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
-    source::cost::Cost,
+    source::cost::{Cost, Part},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,7 +135,7 @@ pub struct Metrics {
     cpu: Family<PartLabel, Counter<f64, AtomicU64>>,
     /// The collector's CPU time by part, and how much of it the counters show already.
     cost: Cost,
-    cost_shown: HashMap<&'static str, u64>,
+    cost_shown: [u64; Part::ALL.len()],
     lingering: Lingering,
     gpus: HashMap<u32, GpuInfo>,
     hostname: String,
@@ -270,7 +270,7 @@ impl Metrics {
             nvml_errors,
             cpu,
             cost,
-            cost_shown: HashMap::new(),
+            cost_shown: [0; Part::ALL.len()],
             lingering: Lingering::default(),
             gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
             hostname,
@@ -294,7 +294,7 @@ impl Metrics {
     /// Brings the CPU-time counters up to the collector's cost so far.
     pub fn cpu_seconds(&mut self) {
         for (part, ns) in self.cost.totals() {
-            let shown = self.cost_shown.entry(part.name()).or_default();
+            let shown = &mut self.cost_shown[part as usize];
             if ns > *shown {
                 self.cpu
                     .get_or_create(&PartLabel {

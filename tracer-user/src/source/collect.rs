@@ -155,6 +155,7 @@ pub async fn run_tapped(
         }
     }
     loop {
+        watch.settle();
         tokio::select! {
             ready = source.readable() => {
                 ready?;
@@ -221,6 +222,7 @@ pub async fn run_tapped(
         }
     }
     sink.batch_done();
+    watch.settle();
     Ok(source)
 }
 

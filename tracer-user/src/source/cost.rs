@@ -1,6 +1,9 @@
 //! The collector's own CPU time, by part of its work: where its cost goes under load shows on
-//! a machine without a profiler (`linger_collector_cpu_seconds_total`). Each part's time is
-//! read from the thread's CPU clock at the part's bounds, a few hundred nanoseconds a read.
+//! a machine without a profiler (`linger_collector_cpu_seconds_total`). The parts switch for
+//! every kernel record (decoding it, recording it), so their bounds are read from the
+//! monotonic clock (vDSO, tens of nanoseconds; the thread's CPU clock is a system call of a
+//! few hundred, which cost a busy node's collector 2 ms a kill); before the thread waits, the
+//! CPU time it spent since it last waited is shared out among the parts by their time.
 
 use std::{
     cell::Cell,
@@ -12,6 +15,8 @@ use std::{
 };
 
 use nix::time::{clock_gettime, ClockId};
+
+use crate::clock::monotonic_ns;
 
 /// A part of the collector's work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,12 +92,15 @@ impl Cost {
         Part::ALL.map(|p| (p, self.0[p as usize].load(Ordering::Relaxed)))
     }
 
-    /// A stopwatch on the calling thread's CPU clock, charging `part` from now on.
+    /// A stopwatch for the calling thread, charging `part` from now on.
     pub fn watch(&self, part: Part) -> Stopwatch {
         Stopwatch(Rc::new(Watch {
             cost: self.clone(),
-            at: Cell::new(thread_cpu_ns()),
+            at: Cell::new(monotonic_ns()),
             part: Cell::new(part),
+            waited: Cell::new(false),
+            spans: Default::default(),
+            cpu_at: Cell::new(thread_cpu_ns()),
         }))
     }
 }
@@ -106,17 +114,49 @@ struct Watch {
     cost: Cost,
     at: Cell<u64>,
     part: Cell<Part>,
+    /// The thread waited since the last switch: that time was nobody's work.
+    waited: Cell<bool>,
+    /// Each part's time since the thread last waited.
+    spans: [Cell<u64>; Part::ALL.len()],
+    /// The thread's CPU clock when it last waited.
+    cpu_at: Cell<u64>,
 }
 
 impl Stopwatch {
-    /// Charges the time since the last switch to the part then current, and makes `to`
+    /// Counts the time since the last switch to the part then current, and makes `to`
     /// current; returns the part it was.
     pub fn switch(&self, to: Part) -> Part {
         let w = &self.0;
-        let now = thread_cpu_ns();
+        let now = monotonic_ns();
         let was = w.part.replace(to);
-        w.cost.add(was, now.saturating_sub(w.at.replace(now)));
+        let span = now.saturating_sub(w.at.replace(now));
+        if !w.waited.replace(false) {
+            let s = &w.spans[was as usize];
+            s.set(s.get() + span);
+        }
         was
+    }
+
+    /// The thread is about to wait: the CPU time it spent since it last waited goes to the
+    /// parts in proportion to their time (to the current part when none was counted).
+    pub fn settle(&self) {
+        let w = &self.0;
+        self.switch(w.part.get());
+        w.waited.set(true);
+        let cpu = thread_cpu_ns();
+        let spent = cpu.saturating_sub(w.cpu_at.replace(cpu));
+        let spans = w.spans.each_ref().map(Cell::take);
+        let total: u64 = spans.iter().sum();
+        if total == 0 {
+            w.cost.add(w.part.get(), spent);
+            return;
+        }
+        for (part, span) in Part::ALL.into_iter().zip(spans) {
+            let share = u128::from(spent) * u128::from(span) / u128::from(total);
+            if share > 0 {
+                w.cost.add(part, share as u64);
+            }
+        }
     }
 
     /// Runs `f` as `part`, then goes back to the part it was in.
@@ -152,6 +192,7 @@ mod tests {
             std::hint::black_box(x);
         });
         watch.switch(Part::Ring);
+        watch.settle();
         let totals = cost.totals();
         let of = |p: Part| totals.iter().find(|(q, _)| *q == p).map(|(_, ns)| *ns);
         assert!(of(Part::Analysis) > Some(1_000_000), "{totals:?}");
