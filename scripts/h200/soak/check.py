@@ -85,6 +85,9 @@ def main():
     print(f"without an incident: {len(missing)}")
     right = len(jobs) - len(missing) - sum(len(v) for v in wrong.values())
     print(f"right (verdict, holders, release within {WITHIN_NS / 1e6:.0f} ms): {right} of {len(jobs)}")
+    # `incomplete` says the sources could not be reconciled: not right, but not a wrong answer.
+    honest = sum(len(v) for (_, verdict), v in wrong.items() if verdict == "incomplete")
+    print(f"said incomplete (sources not reconciled): {honest}; wrong: {len(jobs) - len(missing) - right - honest}")
     for (kind, verdict), cases in sorted(wrong.items(), key=lambda kv: -len(kv[1])):
         print(f"  {kind} said {verdict}: {len(cases)}")
         for r, inc, err in cases[:a.show]:

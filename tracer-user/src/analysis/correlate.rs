@@ -430,7 +430,7 @@ impl Correlator {
         }
         // An import the ledger saw comes back at its importer's own release; one only NVML
         // suggests, when NVML says.
-        let kernel_timed = self.ioctls_traced
+        let kernel_timed = (self.ioctls_traced || self.lean)
             && !w.is_probe()
             && w.residuals().all(|r| r.via != ImportVia::Nvml)
             && self.cases.get(&id).is_some_and(|c| c.gpu);
@@ -940,6 +940,7 @@ impl Correlator {
         let seen = Seen {
             ledger: &self.ledger,
             holders: &self.holders,
+            calls: self.ioctls_traced,
         };
         let changes = self.memory.reading(t_ns, gpus, seen);
         let mut touched = self.memory.take_touched();
@@ -1454,13 +1455,14 @@ impl Correlator {
     }
 
     /// The kernel's last release of a victim's files, once NVML confirms it: no reading since
-    /// lists the pid, and its driver calls show nothing of its memory imported elsewhere, or
-    /// every importer's release of it was confirmed too (then the last of those). Other jobs
+    /// lists the pid, and its driver calls show nothing of its memory imported elsewhere (under
+    /// `--lean`, no other process's NVML figure rose as it left the list), or every importer's
+    /// release of it was confirmed too (then the last of those). Other jobs
     /// allocating and freeing at the same moment move the device's used memory that NVML's
     /// own account of the return waits for; this evidence is the victim's and its importers'
     /// alone.
     fn confirmed_release(&self, id: u64, c: &Case) -> Option<u64> {
-        if !self.ioctls_traced {
+        if !self.ioctls_traced && !self.lean {
             return None;
         }
         let t = self.last_release(c)?;
@@ -1552,6 +1554,7 @@ pub(super) fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
 struct Seen<'a> {
     ledger: &'a Ledger,
     holders: &'a Holders,
+    calls: bool,
 }
 
 impl OwnUse for Seen<'_> {
@@ -1564,5 +1567,9 @@ impl OwnUse for Seen<'_> {
             .process(pid)
             .and_then(|p| p.first_open_ns)
             .is_some_and(|t| t >= t_ns)
+    }
+
+    fn sees_calls(&self) -> bool {
+        self.calls
     }
 }

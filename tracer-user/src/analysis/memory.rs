@@ -121,6 +121,8 @@ struct Rise {
     from_ns: u64,
     to_ns: u64,
     bytes: u64,
+    /// Its figure before the rise.
+    before: u64,
 }
 
 /// How an importer the ledger saw let go of what it imported.
@@ -153,6 +155,11 @@ pub trait OwnUse {
     fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64;
     /// Whether linger first saw `pid` open a GPU file at or after `t_ns`: a new job.
     fn new_since(&self, pid: u32, t_ns: u64) -> bool;
+    /// Whether driver calls are traced: without them (`--lean`) a rise of NVML's figure for a
+    /// process has nothing to tell an import from the process's own allocation.
+    fn sees_calls(&self) -> bool {
+        true
+    }
 }
 
 /// Without opens: allocations (or their absence) alone.
@@ -217,6 +224,9 @@ pub struct Watch {
     /// Last time something happened that may release its memory (fast NVML reads until a
     /// while after).
     last_activity_ns: u64,
+    /// Without driver calls: the processes whose NVML figures rose (pid, bytes) as it left the
+    /// list, when other processes' figures rose at the same time.
+    pub ambiguous: Vec<(u32, u64)>,
 }
 
 impl Watch {
@@ -264,7 +274,11 @@ impl Watch {
             }
             // On several GPUs: what NVML saw it hold on this one.
             (None, 2.., _) => (d.max_figure.unwrap_or(0), ShareFrom::Nvml),
-            (None, _, 0) => (0, ShareFrom::None),
+            // No driver calls, and no reading since its death: the most NVML saw it hold.
+            (None, _, 0) => match d.max_figure {
+                Some(nvml) => (nvml, ShareFrom::Nvml),
+                None => (0, ShareFrom::None),
+            },
             (None, _, bytes) => (bytes, ShareFrom::Ledger),
         })
     }
@@ -525,6 +539,7 @@ impl MemoryBook {
             dead_ns: None,
             ledger_devices: BTreeMap::new(),
             last_activity_ns: t_ns,
+            ambiguous: Vec::new(),
         });
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         self.by_pid.entry(pid).or_default().insert(key);
@@ -935,7 +950,7 @@ impl MemoryBook {
             pool.bytes += pool.prev.used as i128 - g.used as i128 + correction;
         }
         self.credit_victims(g, t_ns, &risers, own, changes);
-        self.credit_residuals(g, t_ns, changes);
+        self.credit_residuals(g, t_ns, own, changes);
         let gpu = g.index;
         let Some(pool) = self.pools.get_mut(&gpu) else {
             return;
@@ -1007,6 +1022,7 @@ impl MemoryBook {
                         from_ns,
                         to_ns: t_ns,
                         bytes: delta as u64,
+                        before: before.unwrap_or(0),
                     };
                     risers.push((pid, rise));
                     continue;
@@ -1055,8 +1071,16 @@ impl MemoryBook {
             let short = pool.bytes + (tolerance(share) as i128) < share as i128;
             // What the ledger saw duplicated is held whatever else the device's memory did.
             let dup_seen = w.known_importers.iter().any(|i| i.bytes.is_some());
-            if no_residuals && (short || dup_seen) {
-                let residuals = importers_of(w, risers, share, pool.bytes, t_ns, own);
+            // Without driver calls the pool cannot be trusted on a busy GPU (jobs NVML does
+            // not list yet allocate into it): every vanishing is looked at.
+            if no_residuals && (short || dup_seen || !own.sees_calls()) {
+                let residuals = match importers_of(w, risers, share, pool.bytes, t_ns, own) {
+                    Importers::Found(r) => r,
+                    Importers::Ambiguous(rose) => {
+                        w.ambiguous = rose;
+                        Vec::new()
+                    }
+                };
                 if !residuals.is_empty() {
                     for r in residuals.iter().filter(|r| r.via == ImportVia::Nvml) {
                         pool.suspected.insert(r.importer);
@@ -1078,7 +1102,13 @@ impl MemoryBook {
     /// Imported parts come back with their importer, by NVML's account: the answer for an
     /// importer only NVML suggests. One the ledger saw is not credited while NVML still lists
     /// it (it holds them); its confirmed release decides (`confirm_imports`).
-    fn credit_residuals(&mut self, g: &NvmlGpu, t_ns: u64, changes: &mut Vec<Change>) {
+    fn credit_residuals(
+        &mut self,
+        g: &NvmlGpu,
+        t_ns: u64,
+        own: &impl OwnUse,
+        changes: &mut Vec<Change>,
+    ) {
         let gpu = g.index;
         let Some(pool) = self.pools.get_mut(&gpu) else {
             return;
@@ -1109,6 +1139,13 @@ impl MemoryBook {
                     r.nvml_ns = Some(t);
                 } else if r.via != ImportVia::Nvml && figure(g, r.importer).is_some() {
                     continue;
+                } else if let Some(rise) = r.rise.filter(|_| !own.sees_calls()) {
+                    // Without driver calls the pool is no evidence: it holds what it rose by
+                    // while NVML lists it above its figure before the rise.
+                    if figure(g, r.importer).is_some_and(|f| f > rise.before + tolerance(r.bytes)) {
+                        continue;
+                    }
+                    r.nvml_ns = Some(t_ns);
                 } else if pool.bytes + tolerance(r.bytes) as i128 >= r.bytes as i128 {
                     pool.bytes -= r.bytes as i128;
                     r.nvml_ns = Some(t_ns);
@@ -1246,9 +1283,18 @@ fn settle_import(w: &mut Watch, importer: u32, t_ns: u64, listed: Option<u64>) -
         .filter(|n| t_ns >= n.saturating_add(VERIFY_NS))
 }
 
+/// Who holds the part of `w`'s share that did not come back.
+enum Importers {
+    /// The importers the ledger knows of, else the one NVML's figures point at.
+    Found(Vec<Residual>),
+    /// Without driver calls, processes rose as it left the list (pid, bytes) while others'
+    /// figures rose too: any of them may hold it, or all were allocating.
+    Ambiguous(Vec<(u32, u64)>),
+}
+
 /// Who holds the part of `w`'s share that did not come back: the importers the ledger knows
 /// of (with what it saw them duplicate, else what they rose by), else those NVML's figures
-/// point at, unless they are new jobs.
+/// point at, unless they are new jobs or rose by more than it had.
 fn importers_of(
     w: &Watch,
     risers: &[(u32, Rise)],
@@ -1256,7 +1302,7 @@ fn importers_of(
     pool: i128,
     t_ns: u64,
     own: &impl OwnUse,
-) -> Vec<Residual> {
+) -> Importers {
     let missing = (share as i128 - pool.max(0)).max(0) as u64;
     let held: BTreeSet<u32> = w.residuals().map(|r| r.importer).collect();
     let mut out: Vec<Residual> = Vec::new();
@@ -1278,19 +1324,40 @@ fn importers_of(
             out.push(r);
         }
     }
-    if out.is_empty() && held.is_empty() {
-        let dead = w.dead_ns.unwrap_or(w.start_ns);
-        for (importer, rise) in risers.iter().filter(|(p, _)| !own.new_since(*p, dead)) {
-            let bytes = rise.bytes.min(left);
-            if bytes > 0 {
-                left -= bytes;
-                let mut r = Residual::new(*importer, bytes, ImportVia::Nvml, t_ns);
-                r.rise = Some(*rise);
-                out.push(r);
-            }
+    if !out.is_empty() || !held.is_empty() {
+        return Importers::Found(out);
+    }
+    let dead = w.dead_ns.unwrap_or(w.start_ns);
+    // An import is at most what the victim had, and needs a context of the importer's own: a
+    // process NVML listed with no more than the slack was still starting CUDA, and its rise
+    // is that start (its context and first allocations).
+    let candidates: Vec<&(u32, Rise)> = risers
+        .iter()
+        .filter(|(p, rise)| {
+            !own.new_since(*p, dead)
+                && rise.bytes <= share + tolerance(share)
+                && rise.before > tolerance(0)
+        })
+        .collect();
+    if !own.sees_calls() {
+        // Nothing else tells what came back: an importer holds what it rose by.
+        left = share;
+    }
+    // Without driver calls, a candidate is told from a job allocating only where no other
+    // process's figure rose at the same time.
+    if !own.sees_calls() && !candidates.is_empty() && risers.len() > 1 {
+        return Importers::Ambiguous(candidates.iter().map(|(p, r)| (*p, r.bytes)).collect());
+    }
+    for (importer, rise) in candidates {
+        let bytes = rise.bytes.min(left);
+        if bytes > 0 {
+            left -= bytes;
+            let mut r = Residual::new(*importer, bytes, ImportVia::Nvml, t_ns);
+            r.rise = Some(*rise);
+            out.push(r);
         }
     }
-    out
+    Importers::Found(out)
 }
 
 #[cfg(test)]

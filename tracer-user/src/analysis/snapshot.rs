@@ -102,6 +102,16 @@ impl Correlator {
                 asleep,
                 unknown_nvml_pids,
                 unreconciled: self.unreconciled(&inc.holders),
+                ambiguous: w
+                    .map(|w| {
+                        w.ambiguous
+                            .iter()
+                            .map(|(p, b)| {
+                                (*p, self.name_of(*p).map(|n| n.0).unwrap_or_default(), *b)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 still_listed: self.nvml.as_ref().and(w.map(Watch::listed)),
                 others_in_flight: self.others_in_flight(id),
                 slow_after_ns: self.config.slow_after_ns,

@@ -56,6 +56,9 @@ pub struct Context {
     /// Importers only NVML suggests whose driver calls linger traces and sees no import in:
     /// the sources disagree.
     pub unreconciled: Vec<u32>,
+    /// Without driver calls (`--lean`): the processes whose NVML figures rose as the target
+    /// left the list (pid, comm, bytes), where other processes' rose at the same time.
+    pub ambiguous: Vec<(u32, String, u64)>,
     /// Whether NVML still lists the target's pid (None without NVML).
     pub still_listed: Option<bool>,
     /// Other teardowns on its GPU are under way: NVML lags behind them.
@@ -93,6 +96,9 @@ pub fn decide(inc: &Incident, cx: &Context) -> Option<Verdict> {
     }
     if !importers.is_empty() {
         return Some(imported(inc, &importers, cx));
+    }
+    if !cx.ambiguous.is_empty() {
+        return Some(ambiguous(inc, &cx.ambiguous));
     }
     let Some(back) = gpu.t_memory_back_ns else {
         return not_back(inc, gpu, cx, dead);
@@ -311,6 +317,28 @@ fn unreconciled(inc: &Incident, importers: &[&Holder]) -> Verdict {
         evidence,
         hint: "linger cannot tell whether that process holds the memory or NVML has not matched \
                its own allocation yet: `linger holders` and nvidia-smi show who holds what now"
+            .into(),
+    }
+}
+
+/// Without driver calls, NVML's figures cannot tell an import of the target's memory from
+/// other jobs' allocations at the same moment.
+fn ambiguous(inc: &Incident, rose: &[(u32, String, u64)]) -> Verdict {
+    let who: Vec<String> = rose
+        .iter()
+        .map(|(pid, comm, bytes)| format!("{comm}[{pid}] by {}", gib(*bytes)))
+        .collect();
+    Verdict {
+        kind: VerdictKind::Incomplete,
+        evidence: vec![format!(
+            "as pid {} left NVML's list, NVML's figures rose for {} while other processes' \
+             rose too: without driver calls (--lean), an import of its memory cannot be told \
+             from those processes' own allocations",
+            inc.target.pid,
+            who.join(", ")
+        )],
+        hint: "run linger without --lean on a busy node: its driver calls show imports; \
+               `linger holders` and nvidia-smi show who holds what now"
             .into(),
     }
 }
