@@ -556,9 +556,24 @@ const CHANGED: &[(&str, &str, &[&str], &str)] = &[
     (
         "lean6",
         "ipc-import",
-        &["/holders/0/ppid"],
+        &["/holders/0/ppid", "/holders/0/bytes", "/verdict/evidence"],
         "issue 32: the importer's parent is named as the import was found (0 before: looked up \
-         once the importer had died, from its case)",
+         once the importer had died, from its case); without driver calls an importer holds \
+         what its figure rose by (4.5 GiB), not the device's shortfall, which other jobs move",
+    ),
+    (
+        "lean6",
+        "kill-storm",
+        &[
+            "/gpu/t_memory_back_ns",
+            "/gpu/memory_back_by",
+            "/gpu/evidence",
+            "/gpu/gpus",
+            "/verdict/hint",
+        ],
+        "issue 32: under --lean too, a victim's memory is back at its own release (its zombie) \
+         once a reading no longer lists it and no other process's figure rose (`confirmed`), \
+         not when NVML's account of the whole storm reached its share (up to 97 ms later)",
     ),
 ];
 

@@ -1141,8 +1141,11 @@ impl MemoryBook {
                     continue;
                 } else if let Some(rise) = r.rise.filter(|_| !own.sees_calls()) {
                     // Without driver calls the pool is no evidence: it holds what it rose by
-                    // while NVML lists it above its figure before the rise.
-                    if figure(g, r.importer).is_some_and(|f| f > rise.before + tolerance(r.bytes)) {
+                    // while NVML lists it above its figure before the rise, and an importer
+                    // that died gives it back with its own memory (its watch says when).
+                    if figure(g, r.importer).is_some_and(|f| f > rise.before + tolerance(r.bytes))
+                        || backs.contains_key(&r.importer)
+                    {
                         continue;
                     }
                     r.nvml_ns = Some(t_ns);

@@ -112,7 +112,19 @@ impl Correlator {
                             .collect()
                     })
                     .unwrap_or_default(),
-                still_listed: self.nvml.as_ref().and(w.map(Watch::listed)),
+                // Not listed means something only once NVML was read after its files' release.
+                still_listed: self
+                    .nvml
+                    .as_ref()
+                    .and(w.map(Watch::listed))
+                    .filter(|listed| {
+                        *listed
+                            || inc
+                                .gpu
+                                .as_ref()
+                                .and_then(|g| g.t_files_released_ns)
+                                .is_some_and(|t| self.memory.read_since(t))
+                    }),
                 others_in_flight: self.others_in_flight(id),
                 slow_after_ns: self.config.slow_after_ns,
                 now_ns: now,

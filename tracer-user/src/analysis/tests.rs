@@ -1130,7 +1130,8 @@ fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_
     const CTX: u64 = 518 << 20;
     const STARTING: u64 = 14 << 20;
     // (other processes' figures before and as the victim leaves the list; the verdict)
-    let cases: [(&[(u32, u64)], &[(u32, u64)], VerdictKind); 4] = [
+    type Figures<'a> = &'a [(u32, u64)];
+    let cases: [(Figures, Figures, VerdictKind); 4] = [
         // A job not listed yet takes 4 GiB as the victim's come back.
         (&[], &[], VerdictKind::Released),
         // A job starting CUDA: its rise is its own start.

@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod kmsg;
 pub mod machine;
 pub mod nvml;
+mod nvml_budget;
 pub mod pace;
 pub mod procfs;
 pub mod replay;

@@ -3,8 +3,7 @@
 //! Quiet machines are read about once a second; while a killed process's GPU memory is awaited
 //! the analysis asks for the pace its moment needs: every few tens of milliseconds where the
 //! kernel's release will tell it and NVML only confirms, every millisecond where NVML alone can;
-//! and never faster than its cost allows (`CPU_SHARE`): on a busy node a reading costs
-//! milliseconds of CPU.
+//! and within a CPU budget ([`Budget`]): on a busy node a reading costs milliseconds of CPU.
 
 use std::{
     sync::{
@@ -24,6 +23,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{
     cost::{thread_cpu_ns, Cost, Part},
+    nvml_budget::Budget,
     pace::Pace,
 };
 use crate::{
@@ -40,11 +40,6 @@ pub const FAST_PERIOD: Duration = Duration::from_millis(1);
 pub const CONFIRM_PERIOD: Duration = Duration::from_millis(2);
 /// While teardowns the kernel will time are under way.
 pub const AWAIT_PERIOD: Duration = Duration::from_millis(20);
-/// The NVML thread's CPU at most, as a share of one CPU: a reading waits for the one before
-/// it to be paid for at this rate. An H200 answers in about 10 µs while one process dies, but
-/// in about 4 ms of CPU while a dozen jobs start and die around it (the driver is busy), where
-/// the pace the analysis asks for would cost a whole CPU; the kernel's releases time those.
-const CPU_SHARE: u64 = 100;
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
@@ -174,12 +169,13 @@ fn sample_loop(
         })
         .collect();
     let mut last = Instant::now() - quiet;
-    // What the last reading cost, paid for at CPU_SHARE.
-    let mut paying = Duration::ZERO;
+    let mut budget = Budget::new(Instant::now());
     while !pace.is_stopped() {
         let asked = pace.period().map_or(quiet, |p| p.min(quiet));
-        let period = asked.max(paying);
-        if let Some(left) = period.checked_sub(last.elapsed()).filter(|d| !d.is_zero()) {
+        let left = asked
+            .saturating_sub(last.elapsed())
+            .max(budget.wait(Instant::now()));
+        if !left.is_zero() {
             pace.sleep(left);
             continue;
         }
@@ -197,7 +193,7 @@ fn sample_loop(
             }
         }
         let now = thread_cpu_ns();
-        paying = Duration::from_nanos(now.saturating_sub(before) * CPU_SHARE);
+        budget.spend(now.saturating_sub(before), Instant::now());
         cost.add(Part::Nvml, now.saturating_sub(spent));
         spent = now;
     }
