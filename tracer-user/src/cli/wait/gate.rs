@@ -2,8 +2,11 @@
 //! GPUs are clean.
 //!
 //! A tick is cheap: NVML's reading, the last look's blockers checked again, the scope's new
-//! children. Only when nothing blocks any more (or once a second) does the gate look at every
-//! process's GPU descriptors and mappings: clean is only ever said after such a look.
+//! children. Only when nothing blocks any more does the gate look at every process's GPU
+//! descriptors and memory mappings: clean is only ever said after such a look. While
+//! something blocks it also looks at every process's descriptors now and then (mappings only
+//! of the scope's processes and the last blockers: reading every process's maps is most of a
+//! look's cost), to name new holders and see the files the scope passes on.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -29,9 +32,16 @@ use super::{
     scope::{Member, Scope, Selectors},
 };
 
-/// A full look at least this often while something blocks: new holders are named, and
-/// files the scope passes to other processes are seen while the scope still holds them.
-const FULL_EVERY: Duration = Duration::from_secs(1);
+/// A look at every process at least this often while something blocks: new holders are
+/// named, and files the scope passes to other processes are seen while the scope still holds
+/// them...
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// ...and at most at this share of its own cost (a look that took 20 ms waits 1 s, one that
+/// took 100 ms on a node of many processes waits 5 s).
+const LOOK_SHARE: u32 = 50;
+
+/// The kernel threads' parent.
+const KTHREADD: u32 = 2;
 
 /// NVML and the GPUs (by index) its readings are taken from; None: every GPU.
 pub struct NvmlScope {
@@ -66,7 +76,8 @@ pub struct Gate {
     pub candidates: Vec<(u32, String)>,
     /// NVML answers that failed in the last reading.
     pub nvml_failures: u64,
-    last_full: Option<Instant>,
+    /// When the last look at every process began, and what it cost.
+    last_full: Option<(Instant, Duration)>,
     ticks_per_s: u64,
 }
 
@@ -109,9 +120,13 @@ impl Gate {
         self.scope.follow_children();
         let listed = self.read_nvml();
         let still = self.blockers.iter().any(|b| self.still_blocks(b, &listed));
-        let due = self.last_full.is_none_or(|t| t.elapsed() >= FULL_EVERY);
-        if due || (!still && self.dead.is_empty()) {
-            self.full_look(&listed);
+        let due = self
+            .last_full
+            .is_none_or(|(t, cost)| t.elapsed() >= LOOK_EVERY.max(cost * LOOK_SHARE));
+        if !still && self.dead.is_empty() {
+            self.full_look(&listed, true);
+        } else if due {
+            self.full_look(&listed, false);
         }
         self.is_clean()
     }
@@ -119,7 +134,7 @@ impl Gate {
     /// A full look now, for the final report.
     pub fn look_again(&mut self) {
         let listed = self.read_nvml();
-        self.full_look(&listed);
+        self.full_look(&listed, true);
     }
 
     pub fn is_clean(&self) -> bool {
@@ -217,10 +232,16 @@ impl Gate {
         !holdings::of(b.pid, &self.cfg.devices, &self.nodes, b.mappings > 0).is_empty()
     }
 
-    fn full_look(&mut self, listed: &HashMap<u32, Option<u64>>) {
-        self.last_full = Some(Instant::now());
+    /// Looks at every process: their GPU descriptors, and their mappings where `all_maps`,
+    /// else only the scope's and the last blockers'.
+    fn full_look(&mut self, listed: &HashMap<u32, Option<u64>>, all_maps: bool) {
+        let began = Instant::now();
+        // Kernel threads (kthreadd, 2, and its children) hold no files: hundreds of them on
+        // a GPU node, not worth reading.
         let procs: BTreeMap<u32, ProcStat> = procfs::others()
+            .filter(|&pid| pid != KTHREADD)
             .filter_map(|pid| Some((pid, procfs::stat(pid)?)))
+            .filter(|(_, s)| s.ppid != KTHREADD)
             .collect();
         let now = boottime_ns();
         for m in self.scope.members() {
@@ -236,8 +257,11 @@ impl Gate {
             log.catch_up();
         }
         let mut held: HashMap<u32, Holding> = HashMap::new();
-        for (&pid, _) in procs.iter().filter(|(_, s)| alive(s)) {
-            let h = holdings::of(pid, &self.cfg.devices, &self.nodes, true);
+        for (&pid, s) in procs.iter().filter(|(_, s)| alive(s)) {
+            let maps = all_maps
+                || self.scope.member(pid, s.start_ticks).is_some()
+                || self.blockers.iter().any(|b| b.pid == pid && b.mappings > 0);
+            let h = holdings::of(pid, &self.cfg.devices, &self.nodes, maps);
             self.nodes.learn(&h.fds);
             if !h.is_empty() {
                 held.insert(pid, h);
@@ -289,6 +313,7 @@ impl Gate {
             Vec::new()
         };
         self.candidates.sort();
+        self.last_full = Some((began, began.elapsed()));
     }
 
     /// Processes outside the scope holding an open file a live member holds too: they keep
