@@ -15,6 +15,7 @@ mod gate;
 mod gpus;
 mod holdings;
 mod log;
+mod released;
 mod report;
 mod scope;
 

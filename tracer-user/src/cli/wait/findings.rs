@@ -71,7 +71,8 @@ pub struct Dead {
     pub pid: u32,
     pub gpu: u32,
     pub bytes: Option<u64>,
-    /// `gone` (no such process) or `zombie` (dead, not reaped yet).
+    /// `gone` (no such process here), `zombie` (dead, not reaped yet) or `unlisted` (NVML
+    /// no longer lists it, and the device's used memory has not come down by its share yet).
     pub state: &'static str,
     /// The agent's latest word on its death (this boot, after the process started).
     pub incident: Option<Known>,

@@ -29,6 +29,7 @@ use super::{
     findings::{Blocker, Dead, Kind, Known},
     holdings::{self, Holding, Nodes},
     log::Log,
+    released::Releases,
     scope::{Member, Scope, Selectors},
 };
 
@@ -76,6 +77,8 @@ pub struct Gate {
     pub candidates: Vec<(u32, String)>,
     /// NVML answers that failed in the last reading.
     pub nvml_failures: u64,
+    /// Dead processes NVML stopped listing, until their memory is down on the device.
+    releases: Releases,
     /// When the last look at every process began, and what it cost.
     last_full: Option<(Instant, Duration)>,
     ticks_per_s: u64,
@@ -98,6 +101,7 @@ impl Gate {
             dead: Vec::new(),
             candidates: Vec::new(),
             nvml_failures: 0,
+            releases: Releases::default(),
             last_full: None,
             ticks_per_s,
         }
@@ -151,25 +155,33 @@ impl Gate {
             .reader
             .read_some(|i| n.indices.as_ref().is_none_or(|w| w.contains(&i)));
         self.nvml_failures = failures;
-        let mut live = HashMap::new();
+        self.releases.take(&gpus, procfs::dead_or_invisible);
+        let mut live: HashMap<u32, Option<u64>> = HashMap::new();
         let mut dead = Vec::new();
         for (gpu, p) in listed(&gpus) {
             if procfs::dead_or_invisible(p.pid) {
-                dead.push(self.dead_entry(p.pid, gpu, p.used));
+                dead.push(self.dead_entry(p.pid, gpu, p.used, None));
             } else {
-                *live.entry(p.pid).or_insert(Some(0)) = live
-                    .get(&p.pid)
-                    .copied()
-                    .flatten()
-                    .zip(p.used)
-                    .map(|(a, b)| a + b);
+                let sum = live.get(&p.pid).copied().unwrap_or(Some(0));
+                live.insert(p.pid, sum.zip(p.used).map(|(a, b)| a + b));
             }
+        }
+        for u in self.releases.pending.clone() {
+            dead.push(self.dead_entry(u.pid, u.gpu, Some(u.share), Some("unlisted")));
         }
         self.dead = dead;
         live
     }
 
-    fn dead_entry(&mut self, pid: u32, gpu: u32, bytes: Option<u64>) -> Dead {
+    /// `state`: how it is dead, when not from /proc (`unlisted`: NVML no longer lists it,
+    /// its memory not yet down on the device).
+    fn dead_entry(
+        &mut self,
+        pid: u32,
+        gpu: u32,
+        bytes: Option<u64>,
+        state: Option<&'static str>,
+    ) -> Dead {
         let since = self.member_start_ns(pid);
         let now = boottime_ns();
         let incident = self
@@ -188,11 +200,11 @@ impl Gate {
             pid,
             gpu,
             bytes,
-            state: if procfs::exists(pid) {
+            state: state.unwrap_or(if procfs::exists(pid) {
                 "zombie"
             } else {
                 "gone"
-            },
+            }),
             incident: incident.map(|i| Known {
                 id: i.id,
                 verdict: i.verdict.clone(),

@@ -206,10 +206,10 @@ pub fn render(r: &Report) -> String {
             "  GPU{}: {bytes} accounted to pid {} ({})\n",
             d.gpu,
             d.pid,
-            if d.state == "zombie" {
-                "dead, not reaped yet: its parent has not waited for it"
-            } else {
-                "no such process"
+            match d.state {
+                "zombie" => "dead, not reaped yet: its parent has not waited for it",
+                "unlisted" => "NVML no longer lists it; the device's memory has not come down yet",
+                _ => "no such process here: dead, or in a pid namespace this one does not see",
             }
         ));
         if let Some(k) = &d.incident {
