@@ -177,3 +177,118 @@ fn any_process_fails_on_a_live_holder_that_is_not_allowed() {
     );
     assert_eq!(code, Some(0), "allowed: {answer:#}");
 }
+
+/// `linger agent` on the stand-in device, its incident log in `state`, rotated at every
+/// record; killed when dropped.
+fn agent(device: &Path, state: &Path) -> linger_tests::Guarded {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = linger()
+        .args(["agent", "--no-nvml", "--linger-after", "2s", "--gpu-device"])
+        .arg(device)
+        .args([
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+            "--state-dir",
+        ])
+        .arg(state)
+        .args(["--log-max-bytes", "1", "--log-keep", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start linger agent");
+    let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let guard = linger_tests::Guarded(child);
+    use std::io::BufRead;
+    for line in stderr.lines().map_while(Result::ok) {
+        if line.contains("tracing") {
+            break;
+        }
+    }
+    guard
+}
+
+#[test]
+fn with_the_agents_log_the_gate_says_how_the_worker_got_the_files() {
+    require_root();
+    let _alone = one_at_a_time();
+    let dir = TempDir::private("gate-agent");
+    let device = stand_in_device(dir.path());
+    let state = dir.join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    let _agent = agent(&device, &state);
+    let mut later = FdScenario::start(SCENARIO, &device, "held-before");
+    let mut s = FdScenario::start(SCENARIO, &device, "setsid-worker");
+    let (parent, worker) = (s.pids[0], s.pids[1]);
+    s.kill();
+    // The agent's incident names the worker as soon as it sees the files held elsewhere.
+    let logged = |pid: u32| {
+        let needle = format!("\"pid\":{pid},");
+        let start = Instant::now();
+        loop {
+            let found: Vec<String> = std::fs::read_dir(&state)
+                .expect("state dir")
+                .flatten()
+                .filter(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&needle)))
+                .map(|f| f.file_name().to_string_lossy().into_owned())
+                .collect();
+            if !found.is_empty() {
+                return found;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no incident of {pid}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    logged(parent);
+    // Another death's record rotates the log (at every record here): the worker's incident
+    // is in a rotated file when the gate reads it.
+    later.kill();
+    logged(later.pids[0]);
+    let files = logged(parent);
+    assert!(
+        files.iter().all(|f| f.starts_with("incidents.jsonl.")),
+        "{files:?}"
+    );
+    // A damaged line among the agent's: skipped and counted, the rest still read.
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(state.join("incidents.jsonl"))
+        .and_then(|mut f| f.write_all(b"{\"type\":\"incident\",\"bad\":\"\xff\"}\n"))
+        .expect("a damaged line");
+    let pid = parent.to_string();
+    let out = linger()
+        .args([
+            "wait",
+            "--pid",
+            &pid,
+            "--timeout",
+            "1s",
+            "--json",
+            "--gpu-device",
+        ])
+        .arg(&device)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .expect("linger wait");
+    let (code, answer) = answer(out);
+    assert_eq!(code, Some(1), "{answer:#}");
+    assert_eq!(
+        holders(&answer),
+        vec![(u64::from(worker), "shared_fd".to_string())],
+        "the agent's word, not a guess: {answer:#}"
+    );
+    let how = answer["holders"][0]["how"].as_str().expect("how");
+    assert!(
+        how.starts_with("fork") && how.contains("the agent's incident"),
+        "{how}"
+    );
+    assert_eq!(answer["log"]["damaged"], 1, "{answer:#}");
+    kill_and_wait(worker);
+}
