@@ -99,12 +99,13 @@ fn cpu_ms_per_s(args: &Args) -> Result<f64> {
     Ok(cpu_ms / after.1.duration_since(before.1).as_secs_f64())
 }
 
-/// From the holder's SIGKILL to the gate's clean exit, in milliseconds.
-fn reaction_ms(args: &Args) -> Result<f64> {
+/// From the holder's SIGKILL to the gate's clean exit, in milliseconds; `round` staggers the
+/// kill against the gate's ticks.
+fn reaction_ms(args: &Args, round: u32) -> Result<f64> {
     let mut holder = Holder::start(&args.gpu_device)?;
     let mut g = gate(args, "60s")?;
-    // Past its first look, waiting.
-    thread::sleep(Duration::from_millis(300));
+    // Past its first look, waiting; the kill at a different point of its tick each round.
+    thread::sleep(Duration::from_millis(300 + u64::from(round * 37 % 97)));
     let killed = Instant::now();
     holder.0.kill()?;
     holder.0.wait()?;
@@ -130,7 +131,7 @@ fn configuration(args: &Args) -> Result<serde_json::Value> {
     let procs = processes();
     let cpu = cpu_ms_per_s(args)?;
     let reactions = (0..args.rounds)
-        .map(|_| reaction_ms(args))
+        .map(|round| reaction_ms(args, round))
         .collect::<Result<Vec<f64>>>()?;
     Ok(json!({ "processes": procs, "cpu_ms_per_s": cpu, "reaction_ms": reactions }))
 }

@@ -44,7 +44,7 @@ use self::{
 use super::duration;
 
 /// How often the gate looks while waiting.
-const POLL: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(40);
 
 #[derive(clap::Args)]
 pub struct Args {

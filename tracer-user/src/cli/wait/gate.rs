@@ -36,9 +36,9 @@ use super::{
 /// A look at every process at least this often while something blocks: new holders are
 /// named, and files the scope passes to other processes are seen while the scope still holds
 /// them...
-const LOOK_EVERY: Duration = Duration::from_secs(1);
-/// ...and at most at this share of its own cost (a look that took 20 ms waits 1 s, one that
-/// took 100 ms on a node of many processes waits 5 s).
+const LOOK_EVERY: Duration = Duration::from_secs(5);
+/// ...and at most at this share of its own cost (a look that took 20 ms waits 5 s, one that
+/// took 200 ms on a node of many processes waits 10 s).
 const LOOK_SHARE: u32 = 50;
 
 /// The kernel threads' parent.
