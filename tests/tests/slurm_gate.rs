@@ -247,6 +247,22 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// The kit's UnkillableStepProgram, run as slurmstepd runs it for a step of `job` (with
+    /// the job's GPUs in the environment).
+    fn unkillable(&self, job: &str) {
+        let out = Command::new(kit().join("linger-unkillable"))
+            .env("SLURM_CONF", self.path("slurm.conf"))
+            .env("SLURMD_NODENAME", &self.node)
+            .env("SLURM_JOB_ID", job)
+            .env("SLURM_STEP_ID", "0")
+            .env("SLURM_JOB_GPUS", "0")
+            .env("LINGER", linger_bin())
+            .env("LINGER_WAIT_ARGS", self.wait_args())
+            .output()
+            .expect("linger-unkillable");
+        assert!(out.status.success(), "linger-unkillable: {out:?}");
+    }
+
     /// The daemons' logs, for a failure's message.
     fn logs(&self) -> String {
         ["slurmctld.log", "slurmd.log"]
@@ -317,6 +333,15 @@ fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns
     assert!(reason.contains(&format!("Slurm job {job}")), "{reason:?}");
     assert!(
         reason.ends_with(&format!("(job {job}, gpus 0)")),
+        "{reason:?}"
+    );
+
+    // The unkillable-step program (run here as slurmstepd would) names it too.
+    cluster.unkillable(&job);
+    let reason = cluster.sinfo("%E");
+    assert!(
+        reason.contains(&format!("[{worker}]"))
+            && reason.ends_with(&format!("(job {job}, step 0, unkillable, gpus 0)")),
         "{reason:?}"
     );
 
