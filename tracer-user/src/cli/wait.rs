@@ -220,6 +220,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             gate.nvml_failures
         );
     }
+    gate.estimate_dead();
     if !gate.scope().unseen.is_empty() {
         notes.push(unseen_note(&gate));
     }

@@ -25,7 +25,7 @@ use tracer_user::{
 };
 
 use super::{
-    estimate::{estimate, Estimate},
+    estimate::estimate,
     findings::{Blocker, Dead, Kind, Known},
     holdings::{self, Holding, Nodes},
     log::Log,
@@ -183,19 +183,11 @@ impl Gate {
         state: Option<&'static str>,
     ) -> Dead {
         let since = self.member_start_ns(pid);
-        let now = boottime_ns();
         let incident = self
             .cfg
             .log
             .as_ref()
             .and_then(|log| log.incident(pid, since));
-        let began = incident
-            .map(|i| i.t_signal_ns)
-            .or_else(|| self.died.get(&pid).copied());
-        let estimate: Option<Estimate> =
-            self.cfg.log.as_ref().and_then(|log| {
-                estimate(log.releases(), bytes, began.map(|b| now.saturating_sub(b)))
-            });
         Dead {
             pid,
             gpu,
@@ -212,12 +204,38 @@ impl Gate {
                 holders: i
                     .holders
                     .iter()
-                    .filter(|h| !h.released && procfs::exists(h.pid))
+                    .filter(|h| !h.released && self.alive_before(h.pid, i.t_signal_ns))
                     .cloned()
                     .collect(),
             }),
-            estimate,
+            estimate: None,
         }
+    }
+
+    /// For the report: when each dead process's memory should be back, from the log's past
+    /// incidents (not every tick: a long log has many).
+    pub fn estimate_dead(&mut self) {
+        let Some(log) = &self.cfg.log else {
+            return;
+        };
+        let now = boottime_ns();
+        for d in &mut self.dead {
+            let began = log
+                .incident(d.pid, None)
+                .map(|i| i.t_signal_ns)
+                .or_else(|| self.died.get(&d.pid).copied());
+            d.estimate = estimate(
+                log.releases(),
+                d.bytes,
+                began.map(|b| now.saturating_sub(b)),
+            );
+        }
+    }
+
+    /// Whether `pid` is alive and the process that had it at `t_ns` (started before then).
+    fn alive_before(&self, pid: u32, t_ns: u64) -> bool {
+        procfs::stat(pid)
+            .is_some_and(|s| alive(&s) && s.start_ticks * 1_000_000_000 / self.ticks_per_s <= t_ns)
     }
 
     /// When the scope's process of this pid started (boot-time ns), if the gate saw it.
@@ -374,10 +392,7 @@ impl Gate {
             };
             for h in incident.holders.iter().filter(|h| !h.released) {
                 // The same process: alive, and started before the death it holds memory of.
-                let started_ns = procs
-                    .get(&h.pid)
-                    .map(|s| s.start_ticks * 1_000_000_000 / self.ticks_per_s);
-                if started_ns.is_some_and(|t| t <= incident.t_signal_ns) {
+                if procs.contains_key(&h.pid) && self.alive_before(h.pid, incident.t_signal_ns) {
                     out.insert(
                         h.pid,
                         format!(
