@@ -98,6 +98,8 @@ impl Cluster {
         }
         let (ctld_port, slurmd_port) = (free_port(), free_port());
         let (d, node) = (self.dir.path().display(), &self.node);
+        // As many as slurmd finds: a node configured with more is set down.
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
         let conf = format!(
             "ClusterName=lingertest\n\
              SlurmctldHost={node}(127.0.0.1)\n\
@@ -113,7 +115,7 @@ impl Cluster {
              SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nMpiDefault=none\n\
              GresTypes=gpu\nReturnToService=2\n\
              Epilog={d}/epilog\n\
-             NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:1 State=UNKNOWN\n\
+             NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:1 State=UNKNOWN\n\
              PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         );
         fs::write(self.dir.join("slurm.conf"), conf).expect("slurm.conf");
