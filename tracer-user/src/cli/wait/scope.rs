@@ -42,6 +42,8 @@ pub struct Member {
     /// Named with `--pid`: it must be dead, not only rid of its GPU files.
     pub named: bool,
     pub why: String,
+    /// Not yet seen dead: its children are followed.
+    alive: bool,
 }
 
 #[derive(Debug, Default)]
@@ -101,23 +103,26 @@ impl Scope {
     }
 
     /// Children of live members, from `/proc/PID/task/TID/children`: between two looks a
-    /// worker forked and orphaned (its parent killed) is otherwise missed.
+    /// worker forked and orphaned (its parent killed) is otherwise missed. A member found
+    /// dead (or its pid another process's) is not followed again.
     pub fn follow_children(&mut self) {
-        let parents: Vec<(u32, String)> = self
-            .members
-            .values()
-            .map(|m| (m.pid, format!("child of {}", m.pid)))
-            .collect();
-        for (parent, why) in parents {
-            for child in children(parent) {
-                let Some(s) = tracer_user::source::procfs::stat(child) else {
-                    continue;
-                };
-                let id = (child, s.start_ticks);
-                if s.ppid == parent && !self.members.contains_key(&id) {
-                    self.outside.remove(&id);
-                    self.add(child, s.start_ticks, false, why.clone());
+        let mut found = Vec::new();
+        for m in self.members.values_mut().filter(|m| m.alive) {
+            match tracer_user::source::procfs::stat(m.pid) {
+                Some(s) if s.start_ticks == m.start_ticks && s.state != 'Z' => {
+                    found.extend(children(m.pid).into_iter().map(|c| (m.pid, c)));
                 }
+                _ => m.alive = false,
+            }
+        }
+        for (parent, child) in found {
+            let Some(s) = tracer_user::source::procfs::stat(child) else {
+                continue;
+            };
+            let id = (child, s.start_ticks);
+            if s.ppid == parent && !self.members.contains_key(&id) {
+                self.outside.remove(&id);
+                self.add(child, s.start_ticks, false, format!("child of {parent}"));
             }
         }
     }
@@ -130,6 +135,7 @@ impl Scope {
                 start_ticks,
                 named,
                 why,
+                alive: true,
             },
         );
     }
@@ -301,6 +307,27 @@ mod tests {
             scope.member(13, 120).is_some(),
             "reparented, still the scope's"
         );
+    }
+
+    #[test]
+    fn a_live_members_new_child_joins_between_looks() {
+        let me = std::process::id();
+        let mut scope = Scope::new(Selectors {
+            pids: vec![me],
+            ..Selectors::default()
+        });
+        let own = tracer_user::source::procfs::stat(me).expect("own stat");
+        scope.look(&BTreeMap::from([(me, own)]));
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .expect("sleep");
+        scope.follow_children();
+        let started = tracer_user::source::procfs::stat(child.id()).map(|s| s.start_ticks);
+        let joined = started.and_then(|t| scope.member(child.id(), t).map(|m| m.why.clone()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(joined, Some(format!("child of {me}")));
     }
 
     #[test]
