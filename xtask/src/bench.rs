@@ -4,6 +4,7 @@
 //! Every figure comes from runs made side by side in this one invocation: the machine is
 //! shared and noisy, so only ratios and rates measured close together mean anything.
 
+mod gate;
 mod ioctl;
 mod report;
 mod ring;
@@ -77,6 +78,10 @@ pub struct Plan {
     pub tax_rounds: u32,
     /// Plain processes the agent soak kills.
     pub soak_kills: u32,
+    /// The gate: seconds of waiting measured, holder kills timed, idle processes added.
+    pub gate_seconds: f64,
+    pub gate_rounds: u32,
+    pub gate_extra: u32,
 }
 
 impl Plan {
@@ -115,6 +120,9 @@ impl Plan {
             tax_calls: 2_000_000,
             tax_rounds: 10,
             soak_kills: 100_000,
+            gate_seconds: 5.0,
+            gate_rounds: 20,
+            gate_extra: 1000,
         }
     }
 
@@ -148,6 +156,8 @@ impl Plan {
             tax_calls: 50_000,
             tax_rounds: 2,
             soak_kills: 10_000,
+            gate_seconds: 1.0,
+            gate_rounds: 3,
             ..Self::full()
         }
     }
@@ -162,13 +172,14 @@ pub const REPLAY_TARGET_PER_S: f64 = 20e6;
 /// The stand-in GPU device (a node for /dev/full) the benchmarks make and use.
 pub const GPU_DEVICE: &str = "target/bench/gpu0";
 /// The benchmark programs, built by `cargo xtask bench`.
-pub const BINARIES: [&str; 6] = [
+pub const BINARIES: [&str; 7] = [
     "linger-bench-storm",
     "linger-bench-dying",
     "linger-bench-ring",
     "linger-bench-trace",
     "linger-bench-replay",
     "linger-bench-soak",
+    "linger-bench-gate",
 ];
 
 /// One benchmark command and the JSON it printed.
@@ -195,6 +206,8 @@ pub struct Results {
     pub tax: Measured,
     /// `linger agent` over many kills.
     pub soak: Measured,
+    /// `linger wait`'s own cost.
+    pub gate: Measured,
 }
 
 /// Where and when the figures were taken.
@@ -419,7 +432,26 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
             &nice,
         ],
     )?;
+    let gate = measure(
+        root,
+        &[
+            "target/release/linger-bench-gate",
+            "--linger",
+            "target/release/linger",
+            "--gpu-device",
+            GPU_DEVICE,
+            "--seconds",
+            &plan.gate_seconds.to_string(),
+            "--rounds",
+            &plan.gate_rounds.to_string(),
+            "--extra",
+            &plan.gate_extra.to_string(),
+            "--nice",
+            &nice,
+        ],
+    )?;
     Ok(Results {
+        gate,
         soak,
         storm: storms,
         tax,

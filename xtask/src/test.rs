@@ -19,6 +19,13 @@ pub fn run(args: &[String]) -> Result<()> {
     {
         vm::install(&["prometheus"])?;
     }
+    // The Slurm kit's test runs a real single-node Slurm, from Debian's packages.
+    if ["munged", "slurmctld", "slurmd"]
+        .iter()
+        .any(|p| !std::path::Path::new("/usr/sbin").join(p).exists())
+    {
+        vm::install(&["slurm-wlm", "munge"])?;
+    }
     // The Kubernetes manifests' offline schema check, from PyPI.
     crate::setup::pip_install("kubernetes_validate", "kubernetes-validate")?;
     let mut cargo = build::cargo()?;

@@ -132,6 +132,14 @@ fn main() -> Result<()> {
                 .exec();
             bail!("exec failed: {err}")
         }
+        // A DataLoader-style worker that escapes: forked (no exec) after the device is open,
+        // it calls setsid and keeps the inherited descriptor when the parent is killed.
+        "setsid-worker" => {
+            let f = open(device, true)?;
+            let worker = fork_setsid_worker()?;
+            ready(&[worker])?;
+            wait_forever(f)
+        }
         // A process that opened and closed the device: it holds nothing when it dies.
         "close" => {
             drop(open(device, false)?);
@@ -169,6 +177,20 @@ fn clone_sharing_files() -> Result<u32> {
     }?;
     std::mem::forget(stack);
     Ok(pid.as_raw() as u32)
+}
+
+/// Forks a copy of this process that leaves the session and sleeps with everything it
+/// inherited; returns its pid.
+fn fork_setsid_worker() -> Result<u32> {
+    // SAFETY: the scenario is single-threaded until here (no lock can be held by another
+    // thread across the fork), and the child only calls setsid and sleeps.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw() as u32),
+        nix::unistd::ForkResult::Child => {
+            let _ = nix::unistd::setsid();
+            wait_forever(())
+        }
+    }
 }
 
 fn open(device: &str, cloexec: bool) -> Result<File> {

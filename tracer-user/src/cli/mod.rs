@@ -56,7 +56,7 @@ enum Command {
     Holders(holders::Args),
     /// Release times, residue and collateral across incidents: logs, JSON output, traces.
     Stats(stats::Args),
-    /// Wait until no GPU memory is accounted to dead processes (0), or time out (1).
+    /// Wait until the GPUs are clean for the next job (0), or time out (1) naming who holds them.
     Wait(wait::Args),
     /// Start a multi-threaded child, SIGKILL it and print the incident.
     Demo(demo::Args),

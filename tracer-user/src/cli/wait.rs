@@ -1,302 +1,306 @@
-//! `linger wait`: for schedulers, CI, init containers and job epilogs. Blocks until no GPU
-//! memory is accounted to dead processes (NVML's figures for pids that are gone or zombies),
-//! or until the timeout; then says who still holds what, and why.
+//! `linger wait`: a gate for schedulers, serving frameworks, init containers and job
+//! epilogs. Blocks until the GPUs are clean for the next job, or until the timeout; then says
+//! who still holds what, how it got it, and what to do.
+//!
+//! What clean means depends on the scope: with processes named (`--pid`, `--pgid`,
+//! `--cgroup`, `--slurm-job`, `--pod`), the named ones dead and no process of the scope (their
+//! children, every process that ran in the cgroup, job or pod) nor any process that got their
+//! open GPU files still holding GPU files or memory; with `--any-process`, no process at all
+//! holding any on the GPUs but those allowed; always, no GPU memory NVML accounts to a dead
+//! process. Without NVML the GPU files alone decide (descriptors and memory mappings).
+
+mod estimate;
+mod findings;
+mod gate;
+mod gpus;
+mod holdings;
+mod log;
+mod released;
+mod report;
+mod scope;
 
 use std::{
     fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::ExitCode,
     thread,
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
-use serde_json::Value;
 use tracer_user::{
-    analysis::holders::Holders,
     error::Error,
-    escape,
-    event::{Event, NvmlGpu},
-    output::INCIDENT_LOG,
     privileges,
     probe::devices::GpuDevices,
     sink::json,
-    source::{nvml, procfs},
+    source::{machine, nvml},
 };
 
+use self::{
+    gate::{Config, Gate, NvmlScope},
+    gpus::{GpuRef, Identity},
+    report::{GpuReport, ScopeReport},
+    scope::Selectors,
+};
 use super::duration;
 
-/// How often NVML is read while waiting.
-const POLL: Duration = Duration::from_millis(100);
+/// How often the gate looks while waiting.
+const POLL: Duration = Duration::from_millis(40);
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Wait for this process (repeatable) to be dead, with its GPU memory back and no process
+    /// it forked or gave its GPU files to still holding them.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Every process of this process group (repeatable).
+    #[arg(long = "pgid", value_name = "PGID")]
+    pgids: Vec<u32>,
+    /// Every process that ran in this cgroup or below it (repeatable): the path /proc/PID/cgroup
+    /// shows, or the directory under /sys/fs/cgroup.
+    #[arg(long = "cgroup", value_name = "PATH")]
+    cgroups: Vec<String>,
+    /// Every process that ran for this Slurm job (repeatable): in its cgroup, or with its
+    /// SLURM_JOB_ID in the environment.
+    #[arg(long = "slurm-job", value_name = "N")]
+    jobs: Vec<u64>,
+    /// Every process that ran in this Kubernetes pod (repeatable), by pod UID.
+    #[arg(long = "pod", value_name = "UID")]
+    pods: Vec<String>,
     /// Only this GPU (NVML index; repeatable). Default: every GPU.
     #[arg(long = "gpu", value_name = "N")]
     gpus: Vec<u32>,
+    /// Only this GPU, by UUID (`GPU-...`, or a unique prefix; repeatable).
+    #[arg(long = "uuid", value_name = "UUID")]
+    uuids: Vec<String>,
+    /// Only the GPUs this environment was given: SLURM_JOB_GPUS (device file numbers, as
+    /// gres.conf's File=/dev/nvidia[0-N]), else NVIDIA_VISIBLE_DEVICES, else
+    /// CUDA_VISIBLE_DEVICES (NVML indices or UUIDs).
+    #[arg(long)]
+    job_gpus: bool,
+    /// Clean means no process at all holds GPU files or memory on the GPUs, alive or dead,
+    /// but those allowed.
+    #[arg(long)]
+    any_process: bool,
+    /// With --any-process: this process may hold the GPUs (repeatable).
+    #[arg(long = "allow-pid", value_name = "PID", requires = "any_process")]
+    allowed: Vec<u32>,
     /// Give up after this long (exit code 1). Default: wait as long as it takes.
     #[arg(long, value_parser = duration::parse)]
     timeout: Option<Duration>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Treat this char device as a GPU file too (repeatable), when naming holders.
+    /// Treat this char device as a GPU file too (repeatable); it is looked at whatever GPUs
+    /// are named.
     #[arg(long = "gpu-device", value_name = "PATH")]
     gpu_devices: Vec<PathBuf>,
     /// The agent's state directory: its incident log says who holds a dead process's memory
-    /// and why (without it, only the processes that might).
+    /// and why.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/linger")]
     state_dir: PathBuf,
-}
-
-/// Memory NVML accounts to a dead pid.
-#[derive(Serialize)]
-struct Dead {
-    pid: u32,
-    gpu: u32,
-    bytes: Option<u64>,
-    /// `gone` (no such process) or `zombie` (dead, not reaped yet).
-    state: &'static str,
-    /// The agent's latest word on its death, when its incident log has it.
-    incident: Option<Known>,
-}
-
-/// What the agent's incident log says about a death.
-#[derive(Serialize)]
-struct Known {
-    id: u64,
-    verdict: String,
-    hint: String,
-    /// Holders still alive.
-    holders: Vec<Holder>,
-}
-
-/// A live process holding GPU files.
-#[derive(Serialize)]
-struct Holder {
-    pid: u32,
-    comm: String,
-}
-
-#[derive(Serialize)]
-struct Report {
-    #[serde(rename = "type")]
-    record_type: &'static str,
-    clean: bool,
-    waited_ms: u64,
-    dead: Vec<Dead>,
-    /// Without the agent's word: live processes holding GPU files that NVML does not list,
-    /// among them whoever inherited or received the dead processes' files (and processes
-    /// that only read NVML).
-    candidates: Vec<Holder>,
-    /// `released`; the agent's verdict (`shared_fd`, `imported`, ...) when its log has the
-    /// death; else `not_reaped` (the dead are zombies), `unknown_holder` (candidates exist),
-    /// or `pid_unresolved` (nobody visible holds GPU files).
-    verdict: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     privileges::require("naming the holders of GPU files", privileges::PROC)
         .map_err(Error::from)?;
-    let devices = GpuDevices::discover(&args.gpu_devices)?;
-    let reader = nvml::Reader::open()
-        .map_err(|e| anyhow::anyhow!("{e}: linger wait needs NVML to see the GPUs' memory"))?;
-    let start = Instant::now();
-    let wanted = |i: u32| args.gpus.is_empty() || args.gpus.contains(&i);
-    let expected = (0..reader.count()).filter(|i| wanted(*i)).count();
-    loop {
-        let gpus: Vec<NvmlGpu> = reader
-            .read()
+    let reader = nvml::Reader::open();
+    let mut notes = Vec::new();
+    let known: Vec<Identity> = match &reader {
+        Ok(r) => r
+            .identities()
             .into_iter()
-            .filter(|g| wanted(g.index))
-            .collect();
-        let timed_out = args.timeout.is_some_and(|t| start.elapsed() >= t);
-        // A GPU NVML failed to read is not clean: read again, and in the end say so.
-        if gpus.len() < expected {
-            if timed_out {
+            .map(|(index, uuid, minor)| Identity { index, uuid, minor })
+            .collect(),
+        Err(e) => {
+            notes.push(format!(
+                "NVML is not available ({e}): decided from the GPU files alone (their \
+                 descriptors and memory mappings in /proc); memory the driver still frees \
+                 after the last file closed is not seen"
+            ));
+            gpus::driver_identities(std::path::Path::new("/proc/driver/nvidia/gpus"))
+        }
+    };
+    let discovered = GpuDevices::discover(&args.gpu_devices)?;
+    let (gpu_scope, gpus_from) = gpu_scope(&args)?;
+    let (devices, indices, shown, unresolved) = match &gpu_scope {
+        None => (discovered.clone(), None, Vec::new(), Vec::new()),
+        Some(refs) => {
+            let (found, unresolved) = gpus::resolve(refs, &known);
+            let extra = GpuDevices {
+                majors: Vec::new(),
+                devs: discovered.devs.clone(),
+            };
+            if found.is_empty() && extra.devs.is_empty() {
                 anyhow::bail!(
-                    "NVML failed to read {} of {expected} GPU(s) until the timeout: cannot tell",
-                    expected - gpus.len()
+                    "none of the GPUs named is on this machine ({}): cannot tell",
+                    unresolved.join(", ")
                 );
             }
-            thread::sleep(POLL);
-            continue;
+            let indices = found.iter().map(|g| g.index).collect();
+            (
+                gpus::devices_of(&found, &extra),
+                Some(indices),
+                found,
+                unresolved,
+            )
         }
-        let dead = dead_of(&gpus, &args.state_dir);
-        if dead.is_empty() || timed_out {
-            let report = report(dead, &gpus, &devices, start.elapsed());
-            if args.json {
-                json::write_line(&mut std::io::stdout().lock(), &report)?;
-            } else {
-                print!("{}", render(&report));
-            }
-            return Ok(if report.clean {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            });
+    };
+    if !unresolved.is_empty() {
+        notes.push(format!(
+            "not found on this machine, so not looked at: {}",
+            unresolved.join(", ")
+        ));
+    }
+    let selectors = selectors(&args)?;
+    let nvml = match reader {
+        Ok(reader) => Some(NvmlScope { reader, indices }),
+        Err(e) if devices.majors.is_empty() && devices.devs.is_empty() => {
+            anyhow::bail!("{e}, and no GPU device file to look at: cannot tell")
+        }
+        Err(e) if selectors.is_empty() && !args.any_process => anyhow::bail!(
+            "{e}: without NVML, name what to wait for (--pid, --pgid, --cgroup, --slurm-job, \
+             --pod or --any-process)"
+        ),
+        Err(_) => None,
+    };
+    let scope_report = ScopeReport {
+        pids: selectors.pids.clone(),
+        pgids: selectors.pgids.clone(),
+        cgroups: selectors.cgroups.clone(),
+        slurm_jobs: selectors.jobs.clone(),
+        pods: selectors.pods.clone(),
+        gpus: shown
+            .iter()
+            .map(|g| GpuReport {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+            })
+            .collect(),
+        gpus_from,
+        unresolved_gpus: unresolved,
+        devices: discovered
+            .devs
+            .iter()
+            .map(|d| format!("{}:{}", d >> 20, d & 0xfffff))
+            .collect(),
+        any_process: args.any_process,
+        allowed: args.allowed.clone(),
+        ..ScopeReport::default()
+    };
+    let log = args
+        .state_dir
+        .is_dir()
+        .then(|| log::Log::new(&args.state_dir, machine::read().boot_id));
+    let mut node_paths = holdings::nvidia_nodes();
+    node_paths.extend(args.gpu_devices.iter().cloned());
+    let mut gate = Gate::new(Config {
+        selectors,
+        any_process: args.any_process,
+        allowed: args.allowed.clone(),
+        devices,
+        node_paths,
+        nvml,
+        log,
+    });
+    let start = Instant::now();
+    loop {
+        if gate.tick() {
+            break;
+        }
+        if args.timeout.is_some_and(|t| start.elapsed() >= t) {
+            gate.look_again();
+            break;
         }
         thread::sleep(POLL);
     }
-}
-
-fn dead_of(gpus: &[NvmlGpu], state_dir: &Path) -> Vec<Dead> {
-    let mut dead: Vec<Dead> = gpus
-        .iter()
-        .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
-        .filter(|(_, p)| procfs::dead_or_invisible(p.pid))
-        .map(|(gpu, p)| Dead {
-            pid: p.pid,
-            gpu,
-            bytes: p.used,
-            state: if procfs::exists(p.pid) {
-                "zombie"
-            } else {
-                "gone"
-            },
-            incident: None,
-        })
-        .collect();
-    if !dead.is_empty() {
-        let log = agent_log(state_dir);
-        for d in &mut dead {
-            d.incident = log.iter().rev().find_map(|r| known(r, d.pid));
-        }
+    if !gate.is_clean() && gate.blockers.is_empty() && gate.dead.is_empty() {
+        anyhow::bail!(
+            "NVML failed to read the GPUs ({} failed answer(s)) until the timeout: cannot tell",
+            gate.nvml_failures
+        );
     }
-    dead
-}
-
-/// The agent's incident log, oldest record first; empty when there is none.
-fn agent_log(state_dir: &Path) -> Vec<Value> {
-    fs::read_to_string(state_dir.join(INCIDENT_LOG))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn known(record: &Value, pid: u32) -> Option<Known> {
-    if record["target"]["pid"] != pid || !record["type"].as_str()?.starts_with("incident") {
-        return None;
+    gate.estimate_dead();
+    if !gate.scope().unseen.is_empty() {
+        notes.push(unseen_note(&gate));
     }
-    let holders = record["holders"]
-        .as_array()?
-        .iter()
-        .filter(|h| h["t_released_ns"].is_null())
-        .filter_map(|h| {
-            Some(Holder {
-                pid: h["pid"].as_u64()? as u32,
-                comm: h["comm"].as_str()?.to_string(),
-            })
-        })
-        .filter(|h| procfs::exists(h.pid))
-        .collect();
-    Some(Known {
-        id: record["id"].as_u64()?,
-        verdict: record["verdict"]["kind"].as_str()?.to_string(),
-        hint: record["verdict"]["hint"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        holders,
+    let waited = start.elapsed().as_millis() as u64;
+    let mut report = report::report(&gate, scope_report, notes, waited);
+    report.log = report.log.filter(|l| l.files > 0);
+    if args.json {
+        json::write_line(&mut std::io::stdout().lock(), &report)?;
+    } else {
+        print!("{}", report::render(&report));
+    }
+    Ok(if report.clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }
 
-fn report(dead: Vec<Dead>, gpus: &[NvmlGpu], devices: &GpuDevices, waited: Duration) -> Report {
-    let mut table = Holders::default();
-    for data in procfs::snapshot(devices, &procfs::Describe::default()) {
-        table.on_event(&Event::collector(0, data));
+/// The GPUs named, and the variable `--job-gpus` read; None: every GPU.
+fn gpu_scope(args: &Args) -> anyhow::Result<(Option<Vec<GpuRef>>, Option<&'static str>)> {
+    let mut refs: Vec<GpuRef> = args.gpus.iter().map(|&i| GpuRef::Index(i)).collect();
+    refs.extend(args.uuids.iter().map(|u| GpuRef::Uuid(u.clone())));
+    let mut from = None;
+    if args.job_gpus {
+        let (name, named) =
+            gpus::from_environment(|v| std::env::var(v).ok()).map_err(anyhow::Error::msg)?;
+        from = Some(name);
+        match named {
+            Some(named) => refs.extend(named),
+            // Every GPU: as if none were named, unless other options name some.
+            None if refs.is_empty() => return Ok((None, from)),
+            None => {}
+        }
     }
-    let listed = |pid: u32| {
-        gpus.iter()
-            .any(|g| g.processes.iter().any(|p| p.pid == pid))
-    };
-    let candidates: Vec<Holder> = if dead.is_empty() {
-        Vec::new()
-    } else {
-        table
-            .all()
-            .filter(|(pid, p)| !listed(*pid) && !p.fds.is_empty())
-            .map(|(pid, p)| Holder {
-                pid,
-                comm: p.comm.clone(),
-            })
-            .collect()
-    };
-    let agent = dead.iter().find_map(|d| d.incident.as_ref());
-    let verdict = match (dead.is_empty(), agent) {
-        (true, _) => "released".to_string(),
-        (false, Some(k)) => k.verdict.clone(),
-        _ if dead.iter().all(|d| d.state == "zombie") => "not_reaped".into(),
-        _ if !candidates.is_empty() => "unknown_holder".into(),
-        _ => "pid_unresolved".into(),
-    };
-    Report {
-        record_type: "wait",
-        clean: dead.is_empty(),
-        waited_ms: waited.as_millis() as u64,
-        dead,
-        candidates,
-        verdict,
-    }
+    Ok(((!refs.is_empty()).then_some(refs), from))
 }
 
-fn render(r: &Report) -> String {
-    if r.clean {
-        return format!(
-            "no GPU memory of dead processes (waited {} ms)\n",
-            r.waited_ms
-        );
-    }
-    let mut s = format!(
-        "still held after {} ms: {}\n",
-        r.waited_ms,
-        r.verdict.replace('_', " ")
-    );
-    for d in &r.dead {
-        let bytes = d.bytes.map_or("?".into(), |b| format!("{} MiB", b >> 20));
-        s.push_str(&format!(
-            "  GPU{}: {bytes} accounted to pid {} ({})\n",
-            d.gpu,
-            d.pid,
-            if d.state == "zombie" {
-                "dead, not reaped yet: its parent has not waited for it"
+fn selectors(args: &Args) -> anyhow::Result<Selectors> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let pods = args
+        .pods
+        .iter()
+        .map(|p| {
+            let uid = p.replace('_', "-").to_ascii_lowercase();
+            let ok = uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+            if ok {
+                Ok(uid)
             } else {
-                "no such process"
+                Err(anyhow::anyhow!(
+                    "--pod {}: not a pod UID (36 characters, hex and dashes)",
+                    tracer_user::escape::terminal(p)
+                ))
             }
-        ));
-    }
-    let names = |hs: &[Holder]| -> String {
-        hs.iter()
-            .map(|h| format!("{}[{}]", escape::terminal(&h.comm), h.pid))
-            .collect::<Vec<_>>()
-            .join(", ")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Selectors {
+        pids: args.pids.clone(),
+        pgids: args.pgids.clone(),
+        cgroups: args
+            .cgroups
+            .iter()
+            .map(|c| scope::cgroup_path(c, &mountinfo))
+            .collect(),
+        jobs: args.jobs.clone(),
+        pods,
+    })
+}
+
+fn unseen_note(gate: &Gate) -> String {
+    let pids: Vec<String> = gate.scope().unseen.iter().map(u32::to_string).collect();
+    let how = if gate.has_nvml() {
+        "NVML tells whether their memory is back; children they left are known only from the \
+         agent's incident log"
+    } else {
+        "unless the agent's incident log names their holders, every process holding GPU files \
+         on these GPUs may hold theirs and keeps the gate closed"
     };
-    for k in r.dead.iter().filter_map(|d| d.incident.as_ref()) {
-        s.push_str(&format!(
-            "  incident {}: {}{}\n",
-            k.id,
-            escape::terminal(&k.hint),
-            if k.holders.is_empty() {
-                String::new()
-            } else {
-                format!(" (held by {})", names(&k.holders))
-            }
-        ));
-    }
-    match r.verdict.as_str() {
-        _ if r.dead.iter().any(|d| d.incident.is_some()) => {}
-        "not_reaped" => s.push_str("  the parent must reap it (or exit) first\n"),
-        "unknown_holder" => s.push_str(&format!(
-            "  processes holding GPU files NVML does not list (a child that inherited them, a \
-             process that received them, or one only reading NVML): {}; `linger agent` would \
-             know which\n",
-            names(&r.candidates)
-        )),
-        _ => s.push_str(
-            "  no visible process holds GPU files NVML does not list (another pid namespace, \
-             or a teardown still under way): `linger holders` lists who holds what\n",
-        ),
-    }
-    s
+    format!(
+        "pid {} was gone when the gate first looked: {how} (start the gate before the kill, or \
+         scope it by cgroup, job or pod, to know)",
+        pids.join(", ")
+    )
 }

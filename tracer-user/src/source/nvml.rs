@@ -130,10 +130,33 @@ impl Reader {
 
     /// One reading of every GPU NVML could read (a failed one is left out).
     pub fn read(&self) -> Vec<NvmlGpu> {
+        self.read_some(|_| true).0
+    }
+
+    /// One reading of the GPUs `wanted` picks (by index), and how many of NVML's answers
+    /// failed: a GPU with a failed answer is left out, never read as empty.
+    pub fn read_some(&self, wanted: impl Fn(u32) -> bool) -> (Vec<NvmlGpu>, u64) {
+        let errors = AtomicU64::new(0);
+        let gpus = (0..self.count)
+            .filter(|&i| wanted(i))
+            .filter_map(|i| match self.nvml.device_by_index(i) {
+                Ok(d) => read(i, &d, &errors, &Cost::default()),
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            })
+            .collect();
+        (gpus, errors.into_inner())
+    }
+
+    /// Each GPU's UUID and device file minor (`/dev/nvidiaN`), by index; None where NVML
+    /// could not say.
+    pub fn identities(&self) -> Vec<(u32, Option<String>, Option<u32>)> {
         (0..self.count)
-            .filter_map(|i| {
-                let d = self.nvml.device_by_index(i).ok()?;
-                read(i, &d, &AtomicU64::new(0), &Cost::default())
+            .map(|i| match self.nvml.device_by_index(i) {
+                Ok(d) => (i, d.uuid().ok(), d.minor_number().ok()),
+                Err(_) => (i, None, None),
             })
             .collect()
     }

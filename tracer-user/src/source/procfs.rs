@@ -122,11 +122,44 @@ pub fn processes(redact_cmdline: bool) -> Vec<Process> {
 }
 
 /// One GPU descriptor found in /proc.
-struct Found {
-    pid: u32,
-    fd: i32,
-    dev: u32,
-    cloexec: bool,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub pid: u32,
+    pub fd: i32,
+    /// The device, kernel dev_t encoding.
+    pub dev: u32,
+    pub cloexec: bool,
+    /// The device node's file system and inode (`st_dev`, `st_ino`): how a memory mapping of
+    /// it shows in `/proc/PID/maps`.
+    pub node: (u64, u64),
+}
+
+/// The fields of `/proc/PID/stat` a gate needs to follow a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    pub comm: String,
+    /// `R`, `S`, `D` (uninterruptible: in a driver call), `Z` (zombie), ...
+    pub state: char,
+    pub ppid: u32,
+    pub pgrp: u32,
+    pub session: u32,
+    /// Clock ticks after boot: with the pid, who the process is (pids are reused).
+    pub start_ticks: u64,
+}
+
+/// `/proc/PID/stat`, if the process is still there.
+pub fn stat(pid: u32) -> Option<ProcStat> {
+    let raw = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let text = escape::bytes(&raw);
+    let s = Stat::parse(&text)?;
+    Some(ProcStat {
+        comm: s.comm.to_string(),
+        state: s.field::<char>(0)?,
+        ppid: s.field(1)?,
+        pgrp: s.field(2)?,
+        session: s.field(3)?,
+        start_ticks: s.field(19)?,
+    })
 }
 
 /// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
@@ -205,12 +238,16 @@ pub fn snapshot_of(
 }
 
 fn scan(pids: impl IntoIterator<Item = u32>, devices: &GpuDevices) -> Vec<Found> {
+    pids.into_iter()
+        .flat_map(|pid| gpu_descriptors(pid, devices))
+        .collect()
+}
+
+/// The GPU descriptors `pid` holds now (none when it is gone).
+pub fn gpu_descriptors(pid: u32, devices: &GpuDevices) -> Vec<Found> {
     let mut found = Vec::new();
-    for pid in pids {
-        let dir = Path::new("/proc").join(pid.to_string());
-        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
-            continue;
-        };
+    let dir = Path::new("/proc").join(pid.to_string());
+    if let Ok(fds) = fs::read_dir(dir.join("fd")) {
         for fd_entry in fds.flatten() {
             let Ok(fd) = fd_entry.file_name().to_string_lossy().parse::<i32>() else {
                 continue;
@@ -244,6 +281,7 @@ fn scan(pids: impl IntoIterator<Item = u32>, devices: &GpuDevices) -> Vec<Found>
                 fd,
                 dev,
                 cloexec,
+                node: (meta.dev(), meta.ino()),
             });
         }
     }
