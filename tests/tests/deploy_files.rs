@@ -179,4 +179,12 @@ fn the_systemd_unit_verifies() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success() && text.trim().is_empty(), "{text}");
+    // The agent's own sources: the kernel log (Xids naming their process), the host's name.
+    for hides in [
+        "ProtectKernelLogs=yes",
+        "ProtectHostname=yes",
+        "PrivateDevices=yes",
+    ] {
+        assert!(!unit.contains(hides), "{hides}");
+    }
 }

@@ -24,6 +24,7 @@ use tracer_user::{
     clock::boottime_ns,
     event::{Event, EventData, Strategy},
     output::{FlightOptions, FlightRecorder, IncidentLog},
+    probe::xid,
     source::{collect::Tap, gpu::GpuSources, procfs},
     trace::TraceMeta,
 };
@@ -171,6 +172,14 @@ struct FlightPlan {
 
 impl Companion for Agent {
     fn start(&mut self, gpu: &GpuSources, strategy: &Strategy, meta: &TraceMeta) {
+        // Where GPU errors come from, and whether they name their process.
+        for reason in strategy
+            .reasons
+            .iter()
+            .filter(|r| r.starts_with(xid::REASONS))
+        {
+            eprintln!("linger agent: {reason}");
+        }
         if let Some(plan) = self.flight_plan.take() {
             match FlightRecorder::open(
                 &plan.dir,
