@@ -209,7 +209,7 @@ fn driver_check() -> Check {
 }
 
 fn nvml_check() -> Check {
-    match nvml_wrapper::Nvml::init() {
+    match crate::source::nvml::open_nvml() {
         Ok(nvml) => {
             let version = nvml
                 .sys_driver_version()
