@@ -345,6 +345,71 @@ fn the_node_is_named_from_node_name_else_the_hosts_own_name() {
     drop(agent);
 }
 
+/// The sum of `linger_lingering_incidents` on the agent's /metrics.
+fn lingering_total(port: u16) -> Option<f64> {
+    let (_, body) = get(port, "/metrics").ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("linger_lingering_incidents{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// A rollout as the DaemonSet's does it (maxSurge 1, maxUnavailable 0): the new agent starts
+/// beside the old on the same state directory, then the old one stops. What docs/kubernetes.md
+/// says a restart does: the old agent's open incidents stay in the log as it last wrote them
+/// (not settled), the new one follows the deaths it saw itself and not the old one's.
+#[test]
+fn a_rollout_keeps_watching_and_leaves_the_old_agents_incidents_open_in_the_log() {
+    let _serial = serial();
+    let dir = TempDir::private("agent-rollout");
+    let device = stand_in_device(dir.path());
+    let state = dir.join("state");
+    let state_arg = ["--state-dir", state.to_str().expect("UTF-8")];
+    let (old_port, new_port) = (free_port(), free_port());
+    let mut old = agent(&device, old_port, &state_arg);
+    let (_before, before) = scenario(&device, "fork-holder");
+    sigkill(before[0]);
+    eventually("the old agent's incident", Duration::from_secs(20), || {
+        (lingering_total(old_port)? == 1.0).then_some(())
+    });
+
+    let new = agent(&device, new_port, &state_arg);
+    let (_during, during) = scenario(&device, "fork-holder");
+    sigkill(during[0]);
+    eventually("both agents' incidents", Duration::from_secs(20), || {
+        (lingering_total(old_port)? == 2.0 && lingering_total(new_port)? == 1.0).then_some(())
+    });
+
+    kill(Pid::from_raw(old.0.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    assert!(old.0.wait().expect("old agent exit").success());
+    let log = fs::read_to_string(state.join("incidents.jsonl")).expect("incident log");
+    let of = |pid: u32| -> Vec<Value> {
+        log.lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+            .filter(|r| r["target"]["pid"] == pid)
+            .collect()
+    };
+    // The old agent's incident stays as it last wrote it: open, never settled by anyone.
+    let earlier = of(before[0]);
+    assert!(!earlier.is_empty(), "{log}");
+    assert_eq!(earlier.last().expect("record")["settled"], false, "{log}");
+    // The death during the overlap: reported by both agents, each with its own id.
+    assert!(of(during[0]).len() >= 2, "by both agents:\n{log}");
+    // The new agent still follows the death it saw, and never learnt of the earlier one.
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(lingering_total(new_port), Some(1.0));
+    sigkill(during[1]);
+    eventually(
+        "the new agent's incident to end",
+        Duration::from_secs(20),
+        || (lingering_total(new_port)? == 0.0).then_some(()),
+    );
+    sigkill(before[1]);
+    drop(new);
+}
+
 #[test]
 fn metrics_endpoint_answers_only_what_it_serves() {
     let _serial = serial();
