@@ -40,11 +40,30 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// `linger agent` on the stand-in device, once it says it traces.
 fn agent(device: &Path, port: u16, extra: &[&str]) -> Guarded {
-    let mut child = linger()
-        .args(["agent", "--no-nvml", "--linger-after", "2s", "--gpu-device"])
-        .arg(device)
-        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
+    let mut cmd = linger();
+    cmd.args(agent_args(device, port)).args(extra);
+    start(cmd)
+}
+
+fn agent_args(device: &Path, port: u16) -> Vec<String> {
+    let device = device.to_str().expect("UTF-8 device path");
+    [
+        "agent",
+        "--no-nvml",
+        "--linger-after",
+        "2s",
+        "--gpu-device",
+        device,
+        "--metrics-listen",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Starts `cmd` (an agent, or what runs one) and waits until the agent says it traces.
+fn start(mut cmd: Command) -> Guarded {
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -62,6 +81,26 @@ fn agent(device: &Path, port: u16, extra: &[&str]) -> Guarded {
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the agent attached");
     Guarded(child)
+}
+
+/// This machine's name, as the kernel has it in the test's (the host's) UTS namespace.
+fn host_name() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("the host's name")
+        .trim()
+        .to_string()
+}
+
+/// The value of `label` on the series of /metrics whose line starts with `series{`.
+fn label_of(body: &str, series: &str, label: &str) -> Option<String> {
+    let line = body
+        .lines()
+        .find(|l| l.starts_with(&format!("{series}{{")))?;
+    let at = line
+        .find(&format!("{{{label}=\""))
+        .or_else(|| line.find(&format!(",{label}=\"")))?;
+    let rest = &line[at + label.len() + 3..];
+    Some(rest[..rest.find('"')?].to_string())
 }
 
 /// A scenario process on the stand-in device and the pids on its `ready` line.
@@ -189,6 +228,8 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     assert_eq!(lingering.len(), 1, "{lingering:?}");
     assert_eq!(value(&lingering[0]), 1.0);
     assert_eq!(lingering[0]["metric"]["verdict"], "shared_fd");
+    // No NODE_NAME: the host's own name, under dcgm-exporter's label.
+    assert_eq!(lingering[0]["metric"]["hostname"], host_name().as_str());
     let counted = query(prom_port, "linger_incidents_total{termination=\"kill\"}");
     assert_eq!(counted.len(), 1, "{counted:?}");
     assert_eq!(counted[0]["metric"]["verdict"], "shared_fd");
@@ -231,6 +272,142 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     assert_eq!(of_parent[0]["settled"], false);
     let last = of_parent.last().expect("records of the parent");
     assert_eq!(last["settled"], true, "{last}");
+}
+
+#[test]
+fn the_node_is_named_from_node_name_else_the_hosts_own_name() {
+    let _serial = serial();
+    let dir = TempDir::private("agent-node");
+    let device = stand_in_device(dir.path());
+
+    // A DaemonSet's agent: NODE_NAME from the downward API names every series.
+    let port = free_port();
+    let mut cmd = linger();
+    cmd.args(agent_args(&device, port)).env("NODE_NAME", "n1");
+    let agent = start(cmd);
+    let (_scenario, pids) = scenario(&device, "fork-holder");
+    sigkill(pids[0]);
+    let body = eventually("the lingering series", Duration::from_secs(20), || {
+        let (_, body) = get(port, "/metrics").ok()?;
+        body.contains("linger_lingering_incidents{").then_some(body)
+    });
+    assert_eq!(
+        label_of(&body, "linger_lingering_incidents", "hostname").as_deref(),
+        Some("n1"),
+        "{body}"
+    );
+    assert_eq!(
+        label_of(&body, "linger_build_info", "hostname").as_deref(),
+        Some("n1")
+    );
+    sigkill(pids[1]);
+    drop(agent);
+
+    // dcgm-exporter's label before its PR #655, for dashboards that join on it.
+    let port = free_port();
+    let mut cmd = linger();
+    cmd.args(agent_args(&device, port))
+        .args(["--hostname-label", "Hostname"])
+        .env("NODE_NAME", "n1");
+    let agent = start(cmd);
+    let (_, body) = get(port, "/metrics").expect("metrics");
+    assert_eq!(
+        label_of(&body, "linger_build_info", "Hostname").as_deref(),
+        Some("n1"),
+        "{body}"
+    );
+    assert_eq!(label_of(&body, "linger_build_info", "hostname"), None);
+    drop(agent);
+
+    // As in a container with the host's pids and a host name of its own, without NODE_NAME:
+    // the agent's UTS namespace says `linger-pod`, PID 1's (the host's here) the host's name.
+    // A pid namespace of its own makes PID 1 a shell of the host's UTS namespace, which this
+    // test may read (the machine's own PID 1 may not be readable in a sandbox).
+    let port = free_port();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc", "--"])
+        .args([
+            "sh",
+            "-c",
+            "unshare --uts -- sh -c 'hostname linger-pod && exec \"$0\" \"$@\"' \"$@\"; exit $?",
+        ])
+        .arg("agent-in-a-pod")
+        .arg(linger_tests::linger_bin())
+        .args(agent_args(&device, port))
+        .env_remove("NODE_NAME");
+    let agent = start(cmd);
+    let (_, body) = get(port, "/metrics").expect("metrics");
+    assert_eq!(
+        label_of(&body, "linger_build_info", "hostname"),
+        Some(host_name()),
+        "{body}"
+    );
+    drop(agent);
+}
+
+/// The sum of `linger_lingering_incidents` on the agent's /metrics.
+fn lingering_total(port: u16) -> Option<f64> {
+    let (_, body) = get(port, "/metrics").ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("linger_lingering_incidents{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// A rollout as the DaemonSet's does it (maxSurge 1, maxUnavailable 0): the new agent starts
+/// beside the old on the same state directory, then the old one stops. What docs/kubernetes.md
+/// says a restart does: the old agent's open incidents stay in the log as it last wrote them
+/// (not settled), the new one follows the deaths it saw itself and not the old one's.
+#[test]
+fn a_rollout_keeps_watching_and_leaves_the_old_agents_incidents_open_in_the_log() {
+    let _serial = serial();
+    let dir = TempDir::private("agent-rollout");
+    let device = stand_in_device(dir.path());
+    let state = dir.join("state");
+    let state_arg = ["--state-dir", state.to_str().expect("UTF-8")];
+    let (old_port, new_port) = (free_port(), free_port());
+    let mut old = agent(&device, old_port, &state_arg);
+    let (_before, before) = scenario(&device, "fork-holder");
+    sigkill(before[0]);
+    eventually("the old agent's incident", Duration::from_secs(20), || {
+        (lingering_total(old_port)? == 1.0).then_some(())
+    });
+
+    let new = agent(&device, new_port, &state_arg);
+    let (_during, during) = scenario(&device, "fork-holder");
+    sigkill(during[0]);
+    eventually("both agents' incidents", Duration::from_secs(20), || {
+        (lingering_total(old_port)? == 2.0 && lingering_total(new_port)? == 1.0).then_some(())
+    });
+
+    kill(Pid::from_raw(old.0.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    assert!(old.0.wait().expect("old agent exit").success());
+    let log = fs::read_to_string(state.join("incidents.jsonl")).expect("incident log");
+    let of = |pid: u32| -> Vec<Value> {
+        log.lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+            .filter(|r| r["target"]["pid"] == pid)
+            .collect()
+    };
+    // The old agent's incident stays as it last wrote it: open, never settled by anyone.
+    let earlier = of(before[0]);
+    assert!(!earlier.is_empty(), "{log}");
+    assert_eq!(earlier.last().expect("record")["settled"], false, "{log}");
+    // The death during the overlap: reported by both agents, each with its own id.
+    assert!(of(during[0]).len() >= 2, "by both agents:\n{log}");
+    // The new agent still follows the death it saw, and never learnt of the earlier one.
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(lingering_total(new_port), Some(1.0));
+    sigkill(during[1]);
+    eventually(
+        "the new agent's incident to end",
+        Duration::from_secs(20),
+        || (lingering_total(new_port)? == 0.0).then_some(()),
+    );
+    sigkill(before[1]);
+    drop(new);
 }
 
 #[test]

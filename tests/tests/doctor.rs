@@ -54,3 +54,34 @@ fn doctor_reports_what_this_kernel_allows() {
         "{report:#}"
     );
 }
+
+/// The kernel log's check: where /dev/kmsg opens (here) and where it does not (a mount
+/// namespace whose /dev lacks it, as a container's /dev may), with what that costs.
+#[test]
+fn doctor_says_whether_the_kernel_log_names_gpu_errors_processes() {
+    require_root();
+    let kmsg = |report: &Value| -> Value {
+        list(report, "/gpu")
+            .iter()
+            .find(|c| c["name"] == "kmsg")
+            .cloned()
+            .unwrap_or_else(|| panic!("no kmsg check in {report:#}"))
+    };
+    let run = |cmd: &mut std::process::Command| -> Value {
+        let out = cmd.output().expect("running linger doctor");
+        assert!(out.status.success(), "doctor failed: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON")
+    };
+    let here = kmsg(&run(linger().args(["doctor", "--json"])));
+    assert_eq!(here["ok"], true, "{here}");
+    let without = kmsg(&run(std::process::Command::new("unshare")
+        .args(["--mount", "--", "sh", "-c"])
+        .arg("mount -t tmpfs tmpfs /dev && exec \"$0\" doctor --json")
+        .arg(linger_tests::linger_bin())));
+    assert_eq!(without["ok"], false, "{without}");
+    let detail = text(&without, "/detail");
+    assert!(
+        detail.contains("not the kernel log (/dev/kmsg: No such file or directory"),
+        "{detail}"
+    );
+}

@@ -3,6 +3,7 @@
 mod bench;
 mod budget;
 mod build;
+mod kubectl;
 mod lint;
 mod setup;
 mod test;

@@ -26,8 +26,13 @@ pub fn run(args: &[String]) -> Result<()> {
     {
         vm::install(&["slurm-wlm", "munge"])?;
     }
-    // The Kubernetes manifests' offline schema check, from PyPI.
+    // The Kubernetes manifests' offline schema check, from PyPI; the overlays built by
+    // Debian's kubectl; the systemd unit checked by systemd-analyze.
     crate::setup::pip_install("kubernetes_validate", "kubernetes-validate")?;
+    let kubectl = crate::kubectl::debian()?;
+    if crate::setup::which("systemd-analyze").is_none() {
+        vm::install(&["systemd"])?;
+    }
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
     // a Cargo.lock that no longer matches the manifests fails rather than being rewritten.
@@ -40,7 +45,8 @@ pub fn run(args: &[String]) -> Result<()> {
             "--no-fail-fast",
         ])
         .args(args)
-        .env("LINGER_BIN", bin);
+        .env("LINGER_BIN", bin)
+        .env("LINGER_DEBIAN_KUBECTL", kubectl);
     let counts = cargo_test(&mut cargo);
     // A filtered run (`cargo xtask test NAME`) is for iterating on cargo tests only.
     if !args.is_empty() {

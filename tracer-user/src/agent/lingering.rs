@@ -116,6 +116,7 @@ impl Lingering {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::metrics::GpuLabels;
     use crate::analysis::incident::{GpuImpact, GpuPart, Target};
 
     const GIB: u64 = 1 << 30;
@@ -140,7 +141,10 @@ mod tests {
 
     fn labels(verdict: &str) -> MemoryLabels {
         MemoryLabels {
-            gpu: "0".into(),
+            gpu: GpuLabels {
+                gpu: "0".into(),
+                ..Default::default()
+            },
             verdict: verdict.into(),
             ..Default::default()
         }
@@ -197,7 +201,10 @@ mod tests {
     #[test]
     fn each_gpu_holds_its_own_part() {
         let on = |gpu: Option<u32>| MemoryLabels {
-            gpu: gpu.map(|g| g.to_string()).unwrap_or_default(),
+            gpu: GpuLabels {
+                gpu: gpu.map(|g| g.to_string()).unwrap_or_default(),
+                ..Default::default()
+            },
             verdict: "slow_teardown".into(),
             ..Default::default()
         };

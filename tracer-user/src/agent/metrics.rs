@@ -1,7 +1,9 @@
 //! The agent's Prometheus metrics, fed by the live pipeline's records and events.
 //!
-//! Label names are dcgm-exporter's (`gpu`, `UUID`, `modelName`, `Hostname`, `pod`, `namespace`,
-//! `container`), so PromQL joins a linger series with `DCGM_FI_DEV_FB_USED` on them.
+//! Label names are dcgm-exporter's: every GPU-scoped series carries its identity labels (`gpu`,
+//! `UUID`, `modelName`, `pci_bus_id`, `device`, `hostname`), and the memory series its workload
+//! labels (`pod`, `namespace`, `container`, `pod_uid`, `hpc_job`), so PromQL joins a linger
+//! series with `DCGM_FI_DEV_FB_USED` on `UUID`.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -20,10 +22,13 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::lingering::{Lingering, Memory};
+use super::{
+    lingering::{Lingering, Memory},
+    node::Host,
+};
 use crate::{
     analysis::{gpu_errors, Incident, Output as Record},
-    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
+    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, Workload, XidSource},
     source::cost::{Cost, Part},
 };
 
@@ -38,47 +43,68 @@ pub struct TerminationLabels {
     pub termination: String,
 }
 
-/// Where lingering memory is and whose it was.
+/// Which GPU of which node, as dcgm-exporter labels it: the labels every GPU-scoped series
+/// carries. Empty where NVML does not list the GPU (or without NVML), but the host.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 #[expect(
     non_snake_case,
     reason = "dcgm-exporter's label names, so PromQL joins with its series"
 )]
-pub struct MemoryLabels {
+pub struct GpuLabels {
+    /// NVML's index.
     pub gpu: String,
     pub UUID: String,
     pub modelName: String,
-    pub Hostname: String,
+    /// NVML's form, `00000000:3B:00.0`.
+    pub pci_bus_id: String,
+    /// The device file's name, `nvidia3`.
+    pub device: String,
+    #[prometheus(flatten)]
+    pub host: Host,
+}
+
+/// Whom a dead process ran for: the Kubernetes pod (`pod_uid` even where the kubelet's logs
+/// do not name it) or the Slurm job (`hpc_job`, dcgm-exporter's name for it).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct WorkloadLabels {
     pub pod: String,
     pub namespace: String,
     pub container: String,
+    pub pod_uid: String,
+    pub hpc_job: String,
+}
+
+impl WorkloadLabels {
+    fn of(w: Option<&Workload>) -> Self {
+        let text = |f: fn(&Workload) -> Option<&String>| w.and_then(f).cloned().unwrap_or_default();
+        Self {
+            pod: text(|w| w.pod.as_ref()),
+            namespace: text(|w| w.namespace.as_ref()),
+            container: text(|w| w.container.as_ref()),
+            pod_uid: text(|w| w.pod_uid.as_ref()),
+            hpc_job: w
+                .and_then(|w| w.slurm_job)
+                .map(|j| j.to_string())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Where lingering memory is and whose it was.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct MemoryLabels {
+    #[prometheus(flatten)]
+    pub gpu: GpuLabels,
+    #[prometheus(flatten)]
+    pub workload: WorkloadLabels,
     pub verdict: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-#[expect(
-    non_snake_case,
-    reason = "dcgm-exporter's label names, so PromQL joins with its series"
-)]
-pub struct GpuLabels {
-    pub gpu: String,
-    pub UUID: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-#[expect(
-    non_snake_case,
-    reason = "dcgm-exporter's label names, so PromQL joins with its series"
-)]
 pub struct XidLabels {
-    pub gpu: String,
-    pub UUID: String,
+    #[prometheus(flatten)]
+    pub gpu: GpuLabels,
     pub xid: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GpuIndexLabel {
-    pub gpu: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,6 +119,8 @@ pub struct PartLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
+    #[prometheus(flatten)]
+    pub host: Host,
     pub version: String,
     pub driver: String,
     pub kernel: String,
@@ -126,7 +154,7 @@ pub struct Metrics {
     lingering_bytes: Family<MemoryLabels, Gauge>,
     lingering_incidents: Family<MemoryLabels, Gauge>,
     unattributed: Family<GpuLabels, Gauge>,
-    collateral: Family<GpuIndexLabel, Counter>,
+    collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
     /// Xids come from the driver's tracepoint: their kernel-log lines are not new errors.
     xid_tracepoint: bool,
@@ -138,7 +166,7 @@ pub struct Metrics {
     cost_shown: [u64; Part::ALL.len()],
     lingering: Lingering,
     gpus: HashMap<u32, GpuInfo>,
-    hostname: String,
+    host: Host,
     /// The NVML error count last copied into `nvml_errors`.
     nvml_errors_seen: u64,
     /// Whether a pid is gone (or not visible here).
@@ -161,7 +189,7 @@ impl Metrics {
     pub fn new(
         build: Build,
         gpus: &[GpuInfo],
-        hostname: String,
+        host: Host,
         writes: WriteErrors,
         cost: Cost,
         dead_or_invisible: fn(u32) -> bool,
@@ -200,7 +228,7 @@ impl Metrics {
              incident explains",
             unattributed.clone(),
         );
-        let collateral = Family::<GpuIndexLabel, Counter>::default();
+        let collateral = Family::<GpuLabels, Counter>::default();
         registry.register(
             "linger_collateral_allocations",
             "Allocations the driver refused other processes while a dead process's memory was held",
@@ -251,6 +279,7 @@ impl Metrics {
             "linger_build",
             "The agent's version, the NVIDIA driver, the kernel and how linger traces here",
             Info::new(BuildLabels {
+                host: host.clone(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 driver: build.driver,
                 kernel: build.kernel,
@@ -273,7 +302,7 @@ impl Metrics {
             cost_shown: [0; Part::ALL.len()],
             lingering: Lingering::default(),
             gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
-            hostname,
+            host,
             nvml_errors_seen: 0,
             dead_or_invisible,
             last_reading: Vec::new(),
@@ -327,11 +356,10 @@ impl Metrics {
                 ..
             } if self.xid_tracepoint => {}
             EventData::GpuXid { xid, pci, .. } => {
-                let gpu = gpu_errors::device(self.gpus.values(), pci);
+                let gpu = gpu_errors::device(self.gpus.values(), pci).map(|g| g.index);
                 self.gpu_errors
                     .get_or_create(&XidLabels {
-                        gpu: gpu_label(gpu.map(|g| g.index)),
-                        UUID: gpu.map(|g| g.uuid.clone()).unwrap_or_default(),
+                        gpu: self.gpu_labels(gpu),
                         xid: xid.to_string(),
                     })
                     .inc();
@@ -391,9 +419,7 @@ impl Metrics {
         }
         if change.collateral > 0 {
             self.collateral
-                .get_or_create(&GpuIndexLabel {
-                    gpu: gpu_label(inc.gpu.as_ref().and_then(|g| g.index)),
-                })
+                .get_or_create(&self.gpu_labels(inc.gpu.as_ref().and_then(|g| g.index)))
                 .inc_by(change.collateral);
         }
         let changed = !change.touched.is_empty();
@@ -422,17 +448,24 @@ impl Metrics {
     }
 
     fn memory_labels(&self, inc: &Incident, index: Option<u32>) -> MemoryLabels {
-        let gpu = index.and_then(|i| self.gpus.get(&i));
-        let who = inc.target.workload.as_ref();
         MemoryLabels {
-            gpu: gpu_label(index),
-            UUID: gpu.map(|g| g.uuid.clone()).unwrap_or_default(),
-            modelName: gpu.map(|g| g.model.clone()).unwrap_or_default(),
-            Hostname: self.hostname.clone(),
-            pod: who.and_then(|w| w.pod.clone()).unwrap_or_default(),
-            namespace: who.and_then(|w| w.namespace.clone()).unwrap_or_default(),
-            container: who.and_then(|w| w.container.clone()).unwrap_or_default(),
+            gpu: self.gpu_labels(index),
+            workload: WorkloadLabels::of(inc.target.workload.as_ref()),
             verdict: verdict_label(inc),
+        }
+    }
+
+    /// The identity labels of GPU `index` (empty but the host where NVML does not list it).
+    fn gpu_labels(&self, index: Option<u32>) -> GpuLabels {
+        let gpu = index.and_then(|i| self.gpus.get(&i));
+        let of = |f: fn(&GpuInfo) -> String| gpu.map(f).unwrap_or_default();
+        GpuLabels {
+            gpu: gpu_label(index),
+            UUID: of(|g| g.uuid.clone()),
+            modelName: of(|g| g.model.clone()),
+            pci_bus_id: of(|g| g.pci_bus_id.clone()),
+            device: of(|g| g.minor.map(|m| format!("nvidia{m}")).unwrap_or_default()),
+            host: self.host.clone(),
         }
     }
 
@@ -451,14 +484,7 @@ impl Metrics {
                 })
                 .filter_map(|p| p.used)
                 .sum();
-            let labels = GpuLabels {
-                gpu: g.index.to_string(),
-                UUID: self
-                    .gpus
-                    .get(&g.index)
-                    .map(|i| i.uuid.clone())
-                    .unwrap_or_default(),
-            };
+            let labels = self.gpu_labels(Some(g.index));
             self.unattributed.get_or_create(&labels).set(bytes as i64);
         }
     }
@@ -492,7 +518,7 @@ fn loss_label(what: LossKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::NvmlProcess;
+    use crate::{agent::node::HostLabel, event::NvmlProcess};
 
     fn metrics() -> Metrics {
         let build = Build {
@@ -504,7 +530,7 @@ mod tests {
         Metrics::new(
             build,
             &[],
-            "node".into(),
+            Host::default(),
             WriteErrors::default(),
             Cost::default(),
             |_| true,
@@ -539,10 +565,7 @@ mod tests {
     }
 
     fn unattributed(m: &Metrics) -> i64 {
-        let labels = GpuLabels {
-            gpu: "0".into(),
-            UUID: String::new(),
-        };
+        let labels = m.gpu_labels(Some(0));
         m.unattributed.get(&labels).map_or(-1, |g| g.get())
     }
 
@@ -564,41 +587,51 @@ mod tests {
         assert_eq!(unattributed(&m), 1 << 30, "nobody explains it any more");
     }
 
-    #[test]
-    fn every_xid_counts_once_with_the_gpu_nvml_names_at_its_bus() {
+    fn h200_metrics(host: Host) -> (Metrics, Registry) {
         let gpus = [GpuInfo {
             index: 3,
             uuid: "GPU-x".into(),
-            model: "H200".into(),
+            model: "NVIDIA H200".into(),
             pci_bus_id: "00000000:3B:00.0".into(),
-            minor: Some(0),
+            minor: Some(5),
         }];
         let build = Build {
             driver: String::new(),
             kernel: String::new(),
             strategy: String::new(),
         };
-        let mut m = Metrics::new(
+        Metrics::new(
             build,
             &gpus,
-            "n".into(),
+            host,
             WriteErrors::default(),
             Cost::default(),
             |_| true,
         )
-        .0;
-        let xid = |pci: &str, source| {
-            Event::collector(
-                1,
-                EventData::GpuXid {
-                    xid: 31,
-                    pci: pci.into(),
-                    message: String::new(),
-                    truncated: false,
-                    source,
-                },
-            )
-        };
+    }
+
+    fn xid(pci: &str, source: XidSource) -> Event {
+        Event::collector(
+            1,
+            EventData::GpuXid {
+                xid: 31,
+                pci: pci.into(),
+                message: String::new(),
+                truncated: false,
+                source,
+            },
+        )
+    }
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).expect("encoded");
+        out
+    }
+
+    #[test]
+    fn every_xid_counts_once_with_the_gpu_nvml_names_at_its_bus() {
+        let (mut m, _) = h200_metrics(Host::default());
         let strategy = crate::event::Strategy {
             xid_tracepoint: true,
             ..Default::default()
@@ -610,15 +643,65 @@ mod tests {
             m.on_event(&xid("0000:3b:00", XidSource::Kmsg));
         }
         m.on_event(&xid("0000:99:00.0", XidSource::Tracepoint));
-        let count = |gpu: &str, uuid: &str| {
+        let count = |gpu: Option<u32>| {
             let labels = XidLabels {
-                gpu: gpu.into(),
-                UUID: uuid.into(),
+                gpu: m.gpu_labels(gpu),
                 xid: "31".into(),
             };
             m.gpu_errors.get(&labels).map_or(0, |c| c.get())
         };
-        assert_eq!(count("3", "GPU-x"), 2);
-        assert_eq!(count("", ""), 1, "a device NVML does not list");
+        assert_eq!(count(Some(3)), 2);
+        assert_eq!(count(None), 1, "a device NVML does not list");
+    }
+
+    #[test]
+    fn gpu_series_carry_dcgm_exporters_identity_labels_and_the_chosen_host_label() {
+        let host = |label| Host {
+            label,
+            name: "n1".into(),
+        };
+        let (mut m, registry) = h200_metrics(host(HostLabel::Hostname));
+        m.on_event(&xid("0000:3b:00.0", XidSource::Tracepoint));
+        m.on_reading(
+            1,
+            &[NvmlGpu {
+                index: 3,
+                ..reading(7)[0].clone()
+            }],
+        );
+        let identity = "gpu=\"3\",UUID=\"GPU-x\",modelName=\"NVIDIA H200\",\
+                        pci_bus_id=\"00000000:3B:00.0\",device=\"nvidia5\",hostname=\"n1\"";
+        let out = text(&registry);
+        for series in [
+            format!("linger_gpu_errors_total{{{identity},xid=\"31\"}} 1"),
+            format!("linger_gpu_memory_unattributed_bytes{{{identity}}} 1073741824"),
+        ] {
+            assert!(out.contains(&series), "{series} in\n{out}");
+        }
+        assert!(out.contains("linger_build_info{hostname=\"n1\","), "{out}");
+
+        let (mut m, registry) = h200_metrics(host(HostLabel::LegacyHostname));
+        m.on_event(&xid("0000:3b:00.0", XidSource::Tracepoint));
+        let out = text(&registry);
+        assert!(
+            out.contains("device=\"nvidia5\",Hostname=\"n1\",xid="),
+            "{out}"
+        );
+        assert!(!out.contains("hostname="), "{out}");
+    }
+
+    #[test]
+    fn workload_labels_name_the_pod_uid_and_the_slurm_job() {
+        let w = Workload {
+            pod_uid: Some("0b4f".into()),
+            slurm_job: Some(4242),
+            ..Default::default()
+        };
+        let labels = WorkloadLabels::of(Some(&w));
+        assert_eq!(
+            (labels.pod_uid.as_str(), labels.hpc_job.as_str()),
+            ("0b4f", "4242")
+        );
+        assert_eq!(WorkloadLabels::of(None), WorkloadLabels::default());
     }
 }

@@ -4,3 +4,4 @@
 pub mod http;
 pub mod lingering;
 pub mod metrics;
+pub mod node;

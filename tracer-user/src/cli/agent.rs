@@ -18,11 +18,13 @@ use tracer_user::{
     agent::{
         http,
         metrics::{Build, Metrics, WriteErrors},
+        node::{self, Host, HostLabel},
     },
     analysis::Output as Record,
     clock::boottime_ns,
     event::{Event, EventData, Strategy},
     output::{FlightOptions, FlightRecorder, IncidentLog},
+    probe::xid,
     source::{collect::Tap, gpu::GpuSources, procfs},
     trace::TraceMeta,
 };
@@ -64,8 +66,20 @@ pub struct Args {
     /// No flight recorder.
     #[arg(long)]
     pub no_flight: bool,
+    /// The label naming the node (from `NODE_NAME`, else the host's name): dcgm-exporter's
+    /// `hostname`, or `Hostname` as its releases before PR #655 named it.
+    #[arg(long, value_enum, default_value_t = HostLabelArg::Hostname)]
+    pub hostname_label: HostLabelArg,
     #[command(flatten)]
     pub live: live::Args,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum HostLabelArg {
+    #[value(name = "hostname")]
+    Hostname,
+    #[value(name = "Hostname")]
+    LegacyHostname,
 }
 
 /// NVML readings come every millisecond while memory is awaited; the unattributed figure is
@@ -80,6 +94,16 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         .set_nonblocking(true)
         .context("making the metrics listener non-blocking")?;
     let addr = listener.local_addr().unwrap_or(args.metrics_listen);
+    // Before the capabilities go: reading the host's name may join PID 1's UTS namespace.
+    let node = node::resolve(std::env::var("NODE_NAME").ok().as_deref());
+    eprintln!("linger agent: node {:?} ({})", node.name, node.from);
+    let host = Host {
+        label: match args.hostname_label {
+            HostLabelArg::Hostname => HostLabel::Hostname,
+            HostLabelArg::LegacyHostname => HostLabel::LegacyHostname,
+        },
+        name: node.name,
+    };
     let writes = WriteErrors::default();
     let reopen = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reopen))
@@ -98,6 +122,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     };
     let mut agent = Agent {
         listener: Some(listener),
+        host: Some(host),
         writes: writes.clone(),
         metrics: None,
         unattributed_at: None,
@@ -128,6 +153,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 
 struct Agent {
     listener: Option<std::net::TcpListener>,
+    /// The node the series name, until the metrics take it.
+    host: Option<Host>,
     writes: WriteErrors,
     metrics: Option<Metrics>,
     unattributed_at: Option<Instant>,
@@ -145,6 +172,14 @@ struct FlightPlan {
 
 impl Companion for Agent {
     fn start(&mut self, gpu: &GpuSources, strategy: &Strategy, meta: &TraceMeta) {
+        // Where GPU errors come from, and whether they name their process.
+        for reason in strategy
+            .reasons
+            .iter()
+            .filter(|r| r.starts_with(xid::REASONS))
+        {
+            eprintln!("linger agent: {reason}");
+        }
         if let Some(plan) = self.flight_plan.take() {
             match FlightRecorder::open(
                 &plan.dir,
@@ -181,11 +216,10 @@ impl Companion for Agent {
             .as_ref()
             .map(|(_, g, _)| g.to_vec())
             .unwrap_or_default();
-        let hostname = of_uname(|u| u.nodename());
         let (metrics, registry) = Metrics::new(
             build,
             &gpus,
-            hostname,
+            self.host.take().unwrap_or_default(),
             self.writes.clone(),
             gpu.cost(),
             procfs::dead_or_invisible,

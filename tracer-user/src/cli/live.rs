@@ -22,7 +22,7 @@ use tracer_user::{
     clock::{boottime_ns, WallAnchor},
     event::{DriverHooks, Event, EventData, Strategy},
     privileges,
-    probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, ProbeConfig, Probes},
+    probe::{devices::GpuDevices, load::DEFAULT_FATAL_SIGNALS, strategy, xid, ProbeConfig, Probes},
     source::{
         collect::{self, Sink, Tap},
         cost::{Part, Stopwatch},
@@ -189,9 +189,12 @@ pub fn trace(
     // The kernel log names the process of a GPU error (the driver's tracepoint does not),
     // and has the errors where the tracepoint is missing; opening it may take CAP_SYSLOG:
     // before the capabilities go.
-    let kmsg = kmsg::open()
-        .map_err(|e| warn!("GPU errors will not name their process: opening /dev/kmsg failed: {e}"))
-        .ok();
+    let kmsg = kmsg::open();
+    let kmsg_reason = xid::kmsg_reason(kmsg.as_ref().map(|_| ()), probes.strategy().xid_tracepoint);
+    if kmsg.is_err() {
+        warn!("{kmsg_reason}");
+    }
+    let kmsg = kmsg.ok();
     // Attached, and the trace file open: from here on only what the collector uses.
     privileges::drop_after_attach(args.sample_hz > 0)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -221,7 +224,8 @@ pub fn trace(
     );
     recorder.event(&me);
     let _ = report.on_event(&me);
-    let strategy = probes.strategy().clone();
+    let mut strategy = probes.strategy().clone();
+    strategy.reasons.push(kmsg_reason);
     let chosen = strategy.clone();
     info!("driver hooks: {}", strategy::describe(&strategy));
     for reason in &strategy.reasons {

@@ -118,6 +118,7 @@ pub fn run() -> Report {
                 |_| "nvidia/nvidia_dev_xid: GPU errors as the driver reports them".into(),
             ),
         },
+        kmsg_check(driver_hooks.xid_tracepoint),
     ];
     Report {
         record_type: "doctor",
@@ -181,6 +182,17 @@ fn kernel_line() -> String {
     format!("{} (lockdown: {lockdown})", release.trim())
 }
 
+/// Whether the kernel log opens as the tracing commands open it: it names each GPU error's
+/// process (a container's device list may refuse it).
+fn kmsg_check(tracepoint: bool) -> Check {
+    let kmsg = crate::source::kmsg::open();
+    Check {
+        name: "kmsg",
+        ok: kmsg.is_ok(),
+        detail: super::xid::kmsg_reason(kmsg.as_ref().map(|_| ()), tracepoint),
+    }
+}
+
 fn driver_check() -> Check {
     match crate::source::machine::driver() {
         Some(v) => Check {
@@ -197,7 +209,7 @@ fn driver_check() -> Check {
 }
 
 fn nvml_check() -> Check {
-    match nvml_wrapper::Nvml::init() {
+    match crate::source::nvml::open_nvml() {
         Ok(nvml) => {
             let version = nvml
                 .sys_driver_version()

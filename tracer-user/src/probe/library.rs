@@ -60,23 +60,43 @@ pub struct Library {
     pub entries: BTreeMap<String, u64>,
 }
 
+/// Where a driver's user-space libraries may be: the machine's own root, and the driver root
+/// of the NVIDIA GPU operator's driver container (mounted on the host at /run/nvidia/driver),
+/// whose libraries are the ones its workloads' containers get.
+pub const DRIVER_ROOTS: [&str; 2] = ["/", "/run/nvidia/driver"];
+
 /// The NVIDIA libraries installed here, one per distinct file.
 pub fn find() -> Vec<PathBuf> {
-    let cache = fs::read("/etc/ld.so.cache").unwrap_or_default();
+    find_in(&DRIVER_ROOTS.map(Path::new), &LIBRARIES)
+}
+
+/// The first copy of library `name` (e.g. libnvidia-ml.so.1) under the driver roots.
+pub fn find_one(name: &str) -> Option<PathBuf> {
+    find_in(&DRIVER_ROOTS.map(Path::new), &[name])
+        .into_iter()
+        .next()
+}
+
+/// `names` under each of `roots`: where its linker cache says, else in the usual directories.
+fn find_in(roots: &[&Path], names: &[&str]) -> Vec<PathBuf> {
     let mut seen = BTreeSet::new();
     let mut found = Vec::new();
-    for name in LIBRARIES {
-        let cached = ld_cache_paths(&cache, name).into_iter();
-        let fallback = FALLBACK_DIRS.iter().map(|d| Path::new(d).join(name));
-        for path in cached.chain(fallback) {
-            let Ok(real) = fs::canonicalize(&path) else {
-                continue;
-            };
-            let Ok(meta) = fs::metadata(&real) else {
-                continue;
-            };
-            if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
-                found.push(real);
+    for root in roots {
+        let cache = fs::read(root.join("etc/ld.so.cache")).unwrap_or_default();
+        let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        for name in names {
+            let cached = ld_cache_paths(&cache, name).into_iter().map(|p| under(&p));
+            let fallback = FALLBACK_DIRS.iter().map(|d| under(Path::new(d)).join(name));
+            for path in cached.chain(fallback) {
+                let Ok(real) = fs::canonicalize(&path) else {
+                    continue;
+                };
+                let Ok(meta) = fs::metadata(&real) else {
+                    continue;
+                };
+                if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+                    found.push(real);
+                }
             }
         }
     }
@@ -297,6 +317,20 @@ mod tests {
             plt_jumps(&data, 0x1000, 16, &slots),
             vec![(0, "ioctl".to_string()), (16, "close".to_string())]
         );
+    }
+
+    #[test]
+    fn a_driver_root_is_searched_like_the_machines_own() {
+        let root = std::env::temp_dir().join(format!("linger-driver-root-{}", std::process::id()));
+        let lib_dir = root.join("usr/lib/x86_64-linux-gnu");
+        fs::create_dir_all(&lib_dir).expect("driver root");
+        let real = lib_dir.join("libcuda.so.580.159.04");
+        fs::write(&real, b"not ELF; found all the same").expect("library");
+        std::os::unix::fs::symlink("libcuda.so.580.159.04", lib_dir.join("libcuda.so.1"))
+            .expect("soname link");
+        let found = find_in(&[Path::new("/nonexistent"), &root], &["libcuda.so.1"]);
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(found, vec![real]);
     }
 
     #[test]

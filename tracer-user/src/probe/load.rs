@@ -235,8 +235,8 @@ impl Probes {
         }
         probes.strategy.xid_tracepoint = xid_tracepoint.is_ok();
         probes.strategy.reasons.push(match xid_tracepoint {
-            Ok(()) => "GPU errors: tracepoint nvidia/nvidia_dev_xid".into(),
-            Err(why) => format!("GPU errors: from the kernel log ({why})"),
+            Ok(()) => format!("{}tracepoint nvidia/nvidia_dev_xid", super::xid::REASONS),
+            Err(why) => format!("{}{why}", super::xid::REASONS),
         });
         if config.lean {
             probes.strategy.lean = true;

@@ -10,6 +10,25 @@ const FORMATS: [&str; 2] = [
     "/sys/kernel/debug/tracing/events/nvidia/nvidia_dev_xid/format",
 ];
 
+/// How the strategy's reasons about GPU errors begin, for whoever prints them.
+pub const REASONS: &str = "GPU errors: ";
+
+/// What the kernel log gives, or why it gives nothing: `kmsg` is the result of opening it.
+pub fn kmsg_reason(kmsg: Result<(), &std::io::Error>, tracepoint: bool) -> String {
+    match (kmsg, tracepoint) {
+        (Ok(()), true) => format!("{REASONS}the kernel log (/dev/kmsg): the process of each"),
+        (Ok(()), false) => {
+            format!("{REASONS}the kernel log (/dev/kmsg): each error and its process")
+        }
+        (Err(e), true) => {
+            format!("{REASONS}not the kernel log (/dev/kmsg: {e}): no error names its process")
+        }
+        (Err(e), false) => {
+            format!("{REASONS}none: no tracepoint, and not the kernel log (/dev/kmsg: {e})")
+        }
+    }
+}
+
 /// The layout of this kernel's nvidia_dev_xid, or why it cannot be traced.
 pub fn layout() -> Result<XidLayout, String> {
     let Some(text) = FORMATS.iter().find_map(|p| fs::read_to_string(p).ok()) else {
@@ -73,6 +92,20 @@ print fmt: \"Xid (PCI:%s): %u, %s\", __get_str(dev), REC->error_code, __get_str(
     fn reads_the_offsets_from_the_format() {
         let l = parse(FORMAT).expect("the H200's format");
         assert_eq!((l.dev, l.error_code, l.msg), (8, 12, 16));
+    }
+
+    #[test]
+    fn the_kernel_logs_absence_says_what_is_lost() {
+        let refused = std::io::Error::from_raw_os_error(1);
+        let without = kmsg_reason(Err(&refused), true);
+        assert!(without.starts_with(REASONS), "{without}");
+        assert!(
+            without.contains("/dev/kmsg: Operation not permitted"),
+            "{without}"
+        );
+        assert!(without.contains("no error names its process"), "{without}");
+        assert!(kmsg_reason(Err(&refused), false).contains("none"));
+        assert!(kmsg_reason(Ok(()), true).contains("the process of each"));
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl NvmlSampler {
         quiet: Duration,
         cost: Cost,
     ) -> Result<Self, String> {
-        let nvml = Nvml::init().map_err(|e| {
+        let nvml = open_nvml().map_err(|e| {
             format!("NVML unavailable ({e}); GPU memory comes from kernel data only")
         })?;
         let count = nvml
@@ -108,6 +108,17 @@ impl Drop for NvmlSampler {
     }
 }
 
+/// NVML from the library the dynamic linker finds, else from a driver root linger searches
+/// (the GPU operator's, where no toolkit put the library in this container).
+pub fn open_nvml() -> Result<Nvml, nvml_wrapper::error::NvmlError> {
+    Nvml::init().or_else(
+        |e| match crate::probe::library::find_one("libnvidia-ml.so.1") {
+            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+            None => Err(e),
+        },
+    )
+}
+
 /// NVML opened once, for commands that read it without tracing.
 pub struct Reader {
     nvml: Nvml,
@@ -116,7 +127,7 @@ pub struct Reader {
 
 impl Reader {
     pub fn open() -> Result<Self, String> {
-        let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+        let nvml = open_nvml().map_err(|e| format!("NVML unavailable: {e}"))?;
         let count = nvml
             .device_count()
             .map_err(|e| format!("NVML device count: {e}"))?;
@@ -164,7 +175,7 @@ impl Reader {
 
 /// The NVML library's version; None when it does not load.
 pub fn library_version() -> Option<String> {
-    Nvml::init().ok().and_then(|n| n.sys_nvml_version().ok())
+    open_nvml().ok().and_then(|n| n.sys_nvml_version().ok())
 }
 
 /// One reading of every GPU, for commands that do not trace.

@@ -46,7 +46,17 @@ pub fn proc_info(pid: u32, how: &Describe) -> Option<ProcInfo> {
         .and_then(|p| p.parse().ok())
         .filter(|&p| p != pid);
     let cgroup = workload::pick_cgroup(&read("cgroup").unwrap_or_default());
-    let workload = how.names.workload(&cgroup);
+    let mut workload = how.names.workload(&cgroup);
+    if workload.is_none() {
+        // Slurm without its cgroup plugins: the job is in the environment the task began with.
+        workload = fs::read(dir.join("environ"))
+            .ok()
+            .and_then(|env| workload::slurm_job_from_environ(&env))
+            .map(|job| crate::event::Workload {
+                slurm_job: Some(job),
+                ..Default::default()
+            });
+    }
     Some(ProcInfo {
         pid,
         ppid,

@@ -75,6 +75,16 @@ pub fn from_cgroup(path: &str) -> Option<Workload> {
     (w.pod_uid.is_some() || w.container_id.is_some() || w.slurm_job.is_some()).then_some(w)
 }
 
+/// The Slurm job of a process whose cgroup does not say (Slurm without its cgroup plugins):
+/// `SLURM_JOB_ID` in the environment it was started with (`/proc/PID/environ`, NUL-separated).
+/// Nothing else of the environment is kept.
+pub fn slurm_job_from_environ(environ: &[u8]) -> Option<u64> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(b"SLURM_JOB_ID="))
+        .and_then(|id| std::str::from_utf8(id).ok()?.parse().ok())
+}
+
 /// `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid with _>.slice` (systemd).
 fn pod_uid(part: &str) -> Option<String> {
     let name = part.strip_suffix(".slice").unwrap_or(part);
@@ -227,6 +237,15 @@ mod tests {
         let d = from_cgroup(&format!("/system.slice/docker-{CID}.scope")).expect("a container");
         assert_eq!(d.container_id.as_deref(), Some(CID));
         assert_eq!(d.pod_uid, None);
+    }
+
+    #[test]
+    fn a_jobs_environment_names_it_and_nothing_else_does() {
+        let env = b"PATH=/bin\0SLURM_JOB_ID=4243\0SLURM_JOB_ID_X=1\0";
+        assert_eq!(slurm_job_from_environ(env), Some(4243));
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_IDX=7\0HOME=/"), None);
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=abc\0"), None);
+        assert_eq!(slurm_job_from_environ(b""), None);
     }
 
     #[test]
