@@ -1,33 +1,77 @@
-//! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics` and `GET /healthz`, one request
-//! per connection. Nothing else is served, and a slow or oversized request is dropped.
+//! The metrics endpoint: `GET /metrics` and `GET /healthz` over HTTP/1.1 (hyper), with TLS
+//! and basic auth from `--web-config-file`. Each connection must send its request's headers
+//! (after its TLS handshake) within `HEAD_TIMEOUT` and in at most `MAX_HEAD` bytes, and at
+//! most `--metrics-max-connections` are open (`connections`): a slow or hostile client
+//! never keeps a scraper out.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{convert::Infallible, io, sync::Arc, time::Duration};
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming,
+    header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use log::debug;
 use prometheus_client::{encoding::text, registry::Registry};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream},
     time::timeout,
 };
+use tokio_rustls::TlsAcceptor;
 
-/// A request's head must arrive within this long and fit in `MAX_HEAD` bytes.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+use super::{
+    basic_auth::BasicAuth,
+    connections::{Connections, Ticket},
+    web_config::WebConfig,
+};
+
+/// A request's headers (and a TLS handshake before them) must come within this long...
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...and fit in this many bytes (hyper's least read buffer): a larger head is answered 431.
 const MAX_HEAD: usize = 8192;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const PLAIN: &str = "text/plain; charset=utf-8";
+
+/// How the endpoint serves.
+pub struct Options {
+    pub max_connections: usize,
+    pub web: WebConfig,
+}
+
+struct Endpoint {
+    registry: Arc<Registry>,
+    tls: Option<TlsAcceptor>,
+    auth: Option<Arc<BasicAuth>>,
+}
 
 /// Serves `registry` on `listener` from a thread of its own, so that a busy collector (a kill
 /// storm, 1 kHz NVML readings) never delays a scrape.
-pub fn spawn(listener: std::net::TcpListener, registry: Arc<Registry>) -> io::Result<()> {
+pub fn spawn(
+    listener: std::net::TcpListener,
+    registry: Arc<Registry>,
+    options: Options,
+) -> io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let endpoint = Arc::new(Endpoint {
+        registry,
+        tls: options.web.tls.map(TlsAcceptor::from),
+        auth: BasicAuth::new(options.web.users),
+    });
+    let connections = Connections::new(options.max_connections);
     std::thread::Builder::new()
         .name("linger-metrics".into())
         .spawn(move || {
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, registry).await,
+                    Ok(l) => serve(l, endpoint, connections).await,
                     Err(e) => log::warn!("metrics listener: {e}"),
                 }
             })
@@ -35,15 +79,18 @@ pub fn spawn(listener: std::net::TcpListener, registry: Arc<Registry>) -> io::Re
     Ok(())
 }
 
-async fn serve(listener: TcpListener, registry: Arc<Registry>) {
+async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, connections: Connections) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let registry = Arc::clone(&registry);
-                tokio::spawn(async move {
-                    if let Err(e) = answer(stream, &registry).await {
-                        debug!("metrics request from {peer}: {e}");
-                    }
+                let endpoint = Arc::clone(&endpoint);
+                connections.admit(|ticket| {
+                    tokio::spawn(async move {
+                        if let Err(e) = endpoint.connection(stream, ticket).await {
+                            debug!("metrics connection from {peer}: {e}");
+                        }
+                    })
+                    .abort_handle()
                 });
             }
             // Out of descriptors and the like: wait a little instead of spinning.
@@ -55,65 +102,88 @@ async fn serve(listener: TcpListener, registry: Arc<Registry>) {
     }
 }
 
-async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
-    let head = timeout(READ_TIMEOUT, read_head(&mut stream))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "request head too slow"))??;
-    let (status, kind, body) = respond(&head, registry);
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(reply.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-async fn read_head(stream: &mut TcpStream) -> io::Result<String> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > MAX_HEAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "request head too large",
-            ));
-        }
-    }
-    Ok(String::from_utf8_lossy(&head).into_owned())
-}
-
-fn respond(head: &str, registry: &Registry) -> (&'static str, &'static str, String) {
-    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, target) = (
-        words.next().unwrap_or_default(),
-        words.next().unwrap_or_default(),
-    );
-    let path = target.split('?').next().unwrap_or_default();
-    let plain = "text/plain; charset=utf-8";
-    match (method, path) {
-        ("GET", "/metrics") => {
-            let mut body = String::new();
-            match text::encode(&mut body, registry) {
-                Ok(()) => ("200 OK", OPENMETRICS, body),
-                Err(_) => (
-                    "500 Internal Server Error",
-                    plain,
-                    "encoding failed\n".into(),
-                ),
+impl Endpoint {
+    async fn connection(self: Arc<Self>, stream: TcpStream, ticket: Ticket) -> io::Result<()> {
+        match &self.tls {
+            Some(tls) => {
+                let stream = timeout(HEAD_TIMEOUT, tls.accept(stream))
+                    .await
+                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake"))??;
+                self.http(stream, ticket).await
             }
+            None => self.http(stream, ticket).await,
         }
-        ("GET", "/healthz") => ("200 OK", plain, "ok\n".into()),
-        ("GET", _) => (
-            "404 Not Found",
-            plain,
-            "linger serves /metrics and /healthz\n".into(),
-        ),
-        _ => ("405 Method Not Allowed", plain, "only GET\n".into()),
     }
+
+    async fn http(
+        self: Arc<Self>,
+        stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        ticket: Ticket,
+    ) -> io::Result<()> {
+        let ticket = Arc::new(ticket);
+        let service = service_fn(move |request| {
+            let (endpoint, ticket) = (Arc::clone(&self), Arc::clone(&ticket));
+            async move {
+                ticket.answering();
+                let response = endpoint.respond(&request).await;
+                ticket.waiting();
+                Ok::<_, Infallible>(response)
+            }
+        });
+        http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
+            .max_buf_size(MAX_HEAD)
+            .serve_connection(TokioIo::new(stream), service)
+            .await
+            .map_err(io::Error::other)
+    }
+
+    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        if request.method() != Method::GET {
+            let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET\n".into());
+            r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+            return r;
+        }
+        match request.uri().path() {
+            // Says nothing but that the agent runs: open to probes that hold no password.
+            "/healthz" => reply(StatusCode::OK, PLAIN, "ok\n".into()),
+            "/metrics" => {
+                if let Some(auth) = &self.auth {
+                    let header = request.headers().get(AUTHORIZATION).map(|h| h.as_bytes());
+                    if !auth.allows(header).await {
+                        let mut r =
+                            reply(StatusCode::UNAUTHORIZED, PLAIN, "unauthorized\n".into());
+                        r.headers_mut().insert(
+                            WWW_AUTHENTICATE,
+                            HeaderValue::from_static("Basic realm=\"linger\""),
+                        );
+                        return r;
+                    }
+                }
+                let mut body = String::new();
+                match text::encode(&mut body, &self.registry) {
+                    Ok(()) => reply(StatusCode::OK, OPENMETRICS, body),
+                    Err(_) => reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        PLAIN,
+                        "encoding failed\n".into(),
+                    ),
+                }
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                PLAIN,
+                "linger serves /metrics and /healthz\n".into(),
+            ),
+        }
+    }
+}
+
+fn reply(status: StatusCode, kind: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    r
 }

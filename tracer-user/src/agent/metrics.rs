@@ -132,6 +132,7 @@ pub struct Metrics {
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
     nvml_errors: Counter,
+    nvml_up: Family<GpuLabels, Gauge>,
     cpu: Family<PartLabel, Counter<f64, AtomicU64>>,
     /// The collector's CPU time by part, and how much of it the counters show already.
     cost: Cost,
@@ -224,6 +225,12 @@ impl Metrics {
             "NVML calls that failed",
             nvml_errors.clone(),
         );
+        let nvml_up = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "linger_nvml_up",
+            "1 when the last NVML reading of the GPU succeeded, 0 when it failed",
+            nvml_up.clone(),
+        );
         let cpu = Family::<PartLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "linger_collector_cpu_seconds",
@@ -268,6 +275,7 @@ impl Metrics {
             xid_tracepoint: false,
             lost,
             nvml_errors,
+            nvml_up,
             cpu,
             cost,
             cost_shown: [0; Part::ALL.len()],
@@ -288,6 +296,15 @@ impl Metrics {
         if new > 0 {
             self.nvml_errors.inc_by(new);
             self.nvml_errors_seen = total;
+        }
+    }
+
+    /// Whether each GPU's last NVML reading succeeded, by NVML index.
+    pub fn nvml_up(&self, up: impl IntoIterator<Item = (u32, bool)>) {
+        for (index, up) in up {
+            self.nvml_up
+                .get_or_create(&self.gpu_labels(index))
+                .set(up.into());
         }
     }
 
@@ -451,15 +468,20 @@ impl Metrics {
                 })
                 .filter_map(|p| p.used)
                 .sum();
-            let labels = GpuLabels {
-                gpu: g.index.to_string(),
-                UUID: self
-                    .gpus
-                    .get(&g.index)
-                    .map(|i| i.uuid.clone())
-                    .unwrap_or_default(),
-            };
-            self.unattributed.get_or_create(&labels).set(bytes as i64);
+            self.unattributed
+                .get_or_create(&self.gpu_labels(g.index))
+                .set(bytes as i64);
+        }
+    }
+
+    fn gpu_labels(&self, index: u32) -> GpuLabels {
+        GpuLabels {
+            gpu: index.to_string(),
+            UUID: self
+                .gpus
+                .get(&index)
+                .map(|i| i.uuid.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -562,6 +584,22 @@ mod tests {
         );
         m.on_reading(RECENT_DEATH_NS + 2_000, &reading(7));
         assert_eq!(unattributed(&m), 1 << 30, "nobody explains it any more");
+    }
+
+    #[test]
+    fn nvml_up_says_whether_each_gpus_last_reading_succeeded() {
+        let m = metrics();
+        let up = |gpu: &str| {
+            let labels = GpuLabels {
+                gpu: gpu.into(),
+                UUID: String::new(),
+            };
+            m.nvml_up.get(&labels).map(|g| g.get())
+        };
+        m.nvml_up([(0, true), (1, false)]);
+        assert_eq!((up("0"), up("1")), (Some(1), Some(0)));
+        m.nvml_up([(0, false), (1, true)]);
+        assert_eq!((up("0"), up("1")), (Some(0), Some(1)));
     }
 
     #[test]
