@@ -40,7 +40,11 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_gets_401() {
         .expect("a self-signed certificate");
     fs::write(dir.join("cert.pem"), cert.cert.pem()).expect("cert.pem");
     fs::write(dir.join("key.pem"), cert.signing_key.serialize_pem()).expect("key.pem");
-    let hash = bcrypt::hash(PASSWORD, bcrypt::DEFAULT_COST).expect("bcrypt");
+    // As `htpasswd -nBC 10` writes it.
+    let hash = bcrypt::hash_with_result(PASSWORD, 10)
+        .expect("bcrypt")
+        .format_for_version(bcrypt::Version::TwoY);
+    assert!(hash.starts_with("$2y$10$"), "{hash}");
     let web = dir.join("web.yml");
     // Relative file names: beside the web config.
     fs::write(

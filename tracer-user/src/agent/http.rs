@@ -9,11 +9,10 @@ use std::{convert::Infallible, io, sync::Arc, time::Duration};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{
-    body::Incoming,
     header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE},
     server::conn::http1,
     service::service_fn,
-    Method, Request, Response, StatusCode,
+    Method, Response, StatusCode,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use log::debug;
@@ -125,7 +124,10 @@ impl Endpoint {
             let (endpoint, ticket) = (Arc::clone(&self), Arc::clone(&ticket));
             async move {
                 ticket.answering();
-                let response = endpoint.respond(&request).await;
+                let auth = request.headers().get(AUTHORIZATION).map(|h| h.as_bytes());
+                let response = endpoint
+                    .respond(request.method(), request.uri().path(), auth)
+                    .await;
                 ticket.waiting();
                 Ok::<_, Infallible>(response)
             }
@@ -139,19 +141,23 @@ impl Endpoint {
             .map_err(io::Error::other)
     }
 
-    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-        if request.method() != Method::GET {
+    async fn respond(
+        &self,
+        method: &Method,
+        path: &str,
+        authorization: Option<&[u8]>,
+    ) -> Response<Full<Bytes>> {
+        if method != Method::GET {
             let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET\n".into());
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
             return r;
         }
-        match request.uri().path() {
+        match path {
             // Says nothing but that the agent runs: open to probes that hold no password.
             "/healthz" => reply(StatusCode::OK, PLAIN, "ok\n".into()),
             "/metrics" => {
                 if let Some(auth) = &self.auth {
-                    let header = request.headers().get(AUTHORIZATION).map(|h| h.as_bytes());
-                    if !auth.allows(header).await {
+                    if !auth.allows(authorization).await {
                         let mut r =
                             reply(StatusCode::UNAUTHORIZED, PLAIN, "unauthorized\n".into());
                         r.headers_mut().insert(
@@ -186,4 +192,46 @@ fn reply(status: StatusCode, kind: &'static str, body: String) -> Response<Full<
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use base64::{engine::general_purpose::STANDARD, Engine as _};
+
+    use super::*;
+
+    async fn status(e: &Endpoint, method: Method, path: &str, auth: Option<&str>) -> StatusCode {
+        e.respond(&method, path, auth.map(str::as_bytes))
+            .await
+            .status()
+    }
+
+    #[tokio::test]
+    async fn metrics_need_a_password_when_users_are_set_and_healthz_never_does() {
+        let users = BTreeMap::from([("p".to_string(), bcrypt::hash("pw", 4).expect("hash"))]);
+        let e = Endpoint {
+            registry: Arc::new(Registry::default()),
+            tls: None,
+            auth: BasicAuth::new(users),
+        };
+        let refused = e.respond(&Method::GET, "/metrics", None).await;
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        assert!(refused.headers().contains_key(WWW_AUTHENTICATE));
+        let right = format!("Basic {}", STANDARD.encode("p:pw"));
+        let wrong = format!("Basic {}", STANDARD.encode("p:no"));
+        let right = Some(right.as_str());
+        assert_eq!(status(&e, Method::GET, "/metrics", right).await, StatusCode::OK);
+        assert_eq!(
+            status(&e, Method::GET, "/metrics", Some(&wrong)).await,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(status(&e, Method::GET, "/healthz", None).await, StatusCode::OK);
+        assert_eq!(status(&e, Method::GET, "/other", right).await, StatusCode::NOT_FOUND);
+        assert_eq!(
+            status(&e, Method::POST, "/metrics", right).await,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
 }
