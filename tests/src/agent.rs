@@ -72,7 +72,10 @@ pub fn prometheus(dir: &Path, config: &str) -> (Guarded, u16) {
     std::fs::write(&file, config).expect("prometheus.yml");
     let child = Command::new("prometheus")
         .arg(format!("--config.file={}", file.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -109,7 +109,10 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_gets_401() {
         "{wrong}"
     );
     let plain = down("plain_http");
-    assert_eq!(plain["health"], "down", "plain HTTP on the TLS port: {plain}");
+    assert_eq!(
+        plain["health"], "down",
+        "plain HTTP on the TLS port: {plain}"
+    );
 }
 
 /// A plain GET of /metrics with generous bounds: (status line, body).
@@ -238,7 +241,10 @@ async fn flood(port: u16, n: u64, tried: &Arc<AtomicU64>, stop: &AtomicBool) {
                 let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n").await;
                 for line in 0.. {
                     sleep(Duration::from_secs(1)).await;
-                    if s.write_all(format!("X-{line}: y\r\n").as_bytes()).await.is_err() {
+                    if s.write_all(format!("X-{line}: y\r\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                 }
@@ -296,8 +302,15 @@ fn the_programs_runs_are_served_only_while_the_kernel_counts_them() {
     let port = free_port();
     let _agent = agent(&device, port, &[]);
     let (_, body) = scrape(port).expect("metrics");
-    assert_eq!(metric(&body, "linger_bpf_stats_enabled"), Some(0.0), "{body}");
-    assert!(runs(&body).is_empty(), "no count while the kernel keeps none");
+    assert_eq!(
+        metric(&body, "linger_bpf_stats_enabled"),
+        Some(0.0),
+        "{body}"
+    );
+    assert!(
+        runs(&body).is_empty(),
+        "no count while the kernel keeps none"
+    );
     assert!(!body.contains("linger_bpf_program_run_seconds"), "{body}");
 
     BpfStats::write(true);
@@ -311,7 +324,9 @@ fn the_programs_runs_are_served_only_while_the_kernel_counts_them() {
     });
     assert_eq!(metric(&first.1, "linger_bpf_stats_enabled"), Some(1.0));
     assert!(
-        first.1.contains("linger_bpf_program_run_seconds_total{program=\"teardown_switch\"}"),
+        first
+            .1
+            .contains("linger_bpf_program_run_seconds_total{program=\"teardown_switch\"}"),
         "{}",
         first.1
     );

@@ -53,14 +53,16 @@ impl BasicAuth {
         // An unknown user costs a check too, so timing does not tell which users exist.
         let (known_user, hash) = match self.users.get(&pair.0) {
             Some(h) => (true, h.clone()),
-            None => (false, self.users.values().next().cloned().unwrap_or_default()),
+            None => (
+                false,
+                self.users.values().next().cloned().unwrap_or_default(),
+            ),
         };
         let password = pair.1.clone();
-        let matches = tokio::task::spawn_blocking(move || {
-            bcrypt::verify(password, &hash).unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false);
+        let matches =
+            tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
+                .await
+                .unwrap_or(false);
         let ok = known_user && matches;
         let memory = if ok { &self.accepted } else { &self.refused };
         let mut m = memory.lock().unwrap_or_else(|e| e.into_inner());
@@ -114,7 +116,10 @@ mod tests {
         let auth = BasicAuth::new(users).expect("users");
         assert!(auth.allows(Some(&header("a", "right"))).await);
         assert!(!auth.allows(Some(&header("a", "other"))).await);
-        assert!(!auth.allows(Some(&header("c", "right"))).await, "no such user");
+        assert!(
+            !auth.allows(Some(&header("c", "right"))).await,
+            "no such user"
+        );
         assert!(!auth.allows(Some(b"Bearer x")).await);
         assert!(!auth.allows(Some(b"Basic !!!")).await);
         assert!(!auth.allows(None).await);

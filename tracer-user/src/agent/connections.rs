@@ -66,7 +66,11 @@ impl Connections {
         let id = {
             let mut t = self.table();
             while t.slots.len() >= self.limit {
-                let Some(oldest) = t.slots.iter().min_by_key(|(_, s)| s.phase).map(|(id, _)| *id)
+                let Some(oldest) = t
+                    .slots
+                    .iter()
+                    .min_by_key(|(_, s)| s.phase)
+                    .map(|(id, _)| *id)
                 else {
                     break;
                 };

@@ -149,7 +149,8 @@ impl Endpoint {
     ) -> Response<Full<Bytes>> {
         if method != Method::GET {
             let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET\n".into());
-            r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET"));
             return r;
         }
         match path {
@@ -158,8 +159,7 @@ impl Endpoint {
             "/metrics" => {
                 if let Some(auth) = &self.auth {
                     if !auth.allows(authorization).await {
-                        let mut r =
-                            reply(StatusCode::UNAUTHORIZED, PLAIN, "unauthorized\n".into());
+                        let mut r = reply(StatusCode::UNAUTHORIZED, PLAIN, "unauthorized\n".into());
                         r.headers_mut().insert(
                             WWW_AUTHENTICATE,
                             HeaderValue::from_static("Basic realm=\"linger\""),
@@ -222,13 +222,22 @@ mod tests {
         let right = format!("Basic {}", STANDARD.encode("p:pw"));
         let wrong = format!("Basic {}", STANDARD.encode("p:no"));
         let right = Some(right.as_str());
-        assert_eq!(status(&e, Method::GET, "/metrics", right).await, StatusCode::OK);
+        assert_eq!(
+            status(&e, Method::GET, "/metrics", right).await,
+            StatusCode::OK
+        );
         assert_eq!(
             status(&e, Method::GET, "/metrics", Some(&wrong)).await,
             StatusCode::UNAUTHORIZED
         );
-        assert_eq!(status(&e, Method::GET, "/healthz", None).await, StatusCode::OK);
-        assert_eq!(status(&e, Method::GET, "/other", right).await, StatusCode::NOT_FOUND);
+        assert_eq!(
+            status(&e, Method::GET, "/healthz", None).await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&e, Method::GET, "/other", right).await,
+            StatusCode::NOT_FOUND
+        );
         assert_eq!(
             status(&e, Method::POST, "/metrics", right).await,
             StatusCode::METHOD_NOT_ALLOWED

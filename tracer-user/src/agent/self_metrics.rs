@@ -39,11 +39,21 @@ impl Collector for SelfMetrics {
         // A figure the kernel did not give is left out, never served as 0.
         if let Some(s) = cpu_seconds() {
             let help = "CPU time the agent used, all its threads, user and system";
-            one(&mut encoder, "process_cpu_seconds", help, ConstCounter::new(s))?;
+            one(
+                &mut encoder,
+                "process_cpu_seconds",
+                help,
+                ConstCounter::new(s),
+            )?;
         }
         if let Some(b) = resident_bytes() {
             let help = "The agent's resident memory";
-            one(&mut encoder, "process_resident_memory_bytes", help, gauge(b))?;
+            one(
+                &mut encoder,
+                "process_resident_memory_bytes",
+                help,
+                gauge(b),
+            )?;
         }
         if let Some(n) = open_fds() {
             let help = "The agent's open file descriptors";
@@ -54,7 +64,12 @@ impl Collector for SelfMetrics {
         };
         let help = "Whether the kernel counts the eBPF programs' runs (kernel.bpf_stats_enabled); \
                     without it linger_bpf_program_* are not served";
-        one(&mut encoder, "linger_bpf_stats_enabled", help, gauge(enabled.into()))?;
+        one(
+            &mut encoder,
+            "linger_bpf_stats_enabled",
+            help,
+            gauge(enabled.into()),
+        )?;
         if !enabled {
             return Ok(());
         }

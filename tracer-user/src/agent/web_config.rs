@@ -61,7 +61,7 @@ pub enum WebConfigError {
     #[error("reading {}", .0.display())]
     Read(PathBuf, #[source] io::Error),
     #[error("{}", .0.display())]
-    Parse(PathBuf, #[source] serde_saphyr::Error),
+    Parse(PathBuf, #[source] Box<serde_saphyr::Error>),
     #[error("{}: {}", .0.display(), .1)]
     Invalid(PathBuf, String),
     #[error("{}: {what} {}", config.display(), file.display())]
@@ -77,10 +77,9 @@ pub enum WebConfigError {
 }
 
 pub fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| WebConfigError::Read(path.into(), e))?;
-    let file: File =
-        serde_saphyr::from_str(&text).map_err(|e| WebConfigError::Parse(path.into(), e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| WebConfigError::Read(path.into(), e))?;
+    let file: File = serde_saphyr::from_str(&text)
+        .map_err(|e| WebConfigError::Parse(path.into(), Box::new(e)))?;
     let invalid = |what: String| WebConfigError::Invalid(path.into(), what);
     for (user, hash) in &file.basic_auth_users {
         bcrypt::HashParts::from_str(hash).map_err(|e| {
@@ -117,7 +116,9 @@ fn tls(path: &Path, file: TlsFile) -> Result<ServerConfig, WebConfigError> {
         .map(|(_, v)| v)
         .collect();
     if versions.is_empty() {
-        return Err(invalid("tls_server_config: min_version is above max_version".into()));
+        return Err(invalid(
+            "tls_server_config: min_version is above max_version".into(),
+        ));
     }
     let pem = |what, file: &Path, source| WebConfigError::Pem {
         config: path.into(),
@@ -190,7 +191,10 @@ mod tests {
             let e = load_text(&d, text).err().expect("refused");
             assert!(e.contains(why), "{text:?}: {e}");
         };
-        refused("basic_auth_users:\n  a: secret\n", "a's password is not a bcrypt hash");
+        refused(
+            "basic_auth_users:\n  a: secret\n",
+            "a's password is not a bcrypt hash",
+        );
         refused("tls_server_config:\n  cert_file: c.pem\n", "needs both");
         refused(
             "tls_server_config:\n  client_ca_file: ca.pem\n",
@@ -220,8 +224,8 @@ mod tests {
     fn users_without_tls_are_basic_auth_over_http() {
         let d = dir("users");
         let hash = bcrypt::hash("pw", 4).expect("hash");
-        let c = load_text(&d, &format!("basic_auth_users:\n  prometheus: '{hash}'\n"))
-            .expect("valid");
+        let c =
+            load_text(&d, &format!("basic_auth_users:\n  prometheus: '{hash}'\n")).expect("valid");
         assert!(c.tls.is_none());
         assert_eq!(c.users.get("prometheus"), Some(&hash));
         let empty = load_text(&d, "{}\n").expect("an empty config");
