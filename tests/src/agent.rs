@@ -48,10 +48,12 @@ pub fn agent(device: &Path, port: u16, extra: &[&str]) -> Guarded {
     Guarded(child)
 }
 
-/// One HTTP GET on 127.0.0.1: (status line, body).
+/// One HTTP GET on 127.0.0.1, each step bounded by 10 s: (status line, body).
 pub fn get(port: u16, path: &str) -> std::io::Result<(String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let bound = Duration::from_secs(10);
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), bound)?;
+    s.set_read_timeout(Some(bound))?;
+    s.set_write_timeout(Some(bound))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"

@@ -15,7 +15,7 @@ use std::{
 };
 
 use linger_tests::{
-    agent::{agent, api, eventually, free_port, prometheus, query, value},
+    agent::{agent, api, eventually, free_port, get, prometheus, query, value},
     stand_in_device, TempDir,
 };
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -115,22 +115,6 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_a_wrong_password_gets_401() {
     );
 }
 
-/// A plain GET of /metrics with generous bounds: (status line, body).
-fn scrape(port: u16) -> std::io::Result<(String, String)> {
-    let bound = Duration::from_secs(10);
-    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), bound)?;
-    s.set_read_timeout(Some(bound))?;
-    s.set_write_timeout(Some(bound))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    Ok((head.lines().next().unwrap_or_default().into(), body.into()))
-}
-
 /// Whether a read or write gave up waiting (the peer neither answered nor closed).
 fn timed_out<T>(r: &std::io::Result<T>) -> bool {
     r.as_ref().is_err_and(|e| {
@@ -163,7 +147,7 @@ fn hostile_clients_never_keep_a_scraper_out() {
     // The agent inherits this test's descriptor limit: nothing but its own limit on
     // connections stops it from holding all 10,000.
     let _agent = agent(&device, port, &[]);
-    let (status, body) = scrape(port).expect("a scrape before");
+    let (status, body) = get(port, "/metrics").expect("a scrape before");
     assert!(status.contains("200"), "{status}");
     let fds_before = metric(&body, "process_open_fds").expect("process_open_fds");
 
@@ -209,7 +193,7 @@ fn hostile_clients_never_keep_a_scraper_out() {
 
     // The scraper gets its answer, every time, while the flood is held.
     for _ in 0..3 {
-        let (status, body) = scrape(port).expect("a scrape during the flood");
+        let (status, body) = get(port, "/metrics").expect("a scrape during the flood");
         assert!(status.contains("200"), "{status}");
         assert!(body.ends_with("# EOF\n"), "a whole answer");
         // At most --metrics-max-connections (256) of them are open in the agent.
@@ -301,7 +285,7 @@ fn the_programs_runs_are_served_only_while_the_kernel_counts_them() {
     let device = stand_in_device(dir.path());
     let port = free_port();
     let _agent = agent(&device, port, &[]);
-    let (_, body) = scrape(port).expect("metrics");
+    let (_, body) = get(port, "/metrics").expect("metrics");
     assert_eq!(
         metric(&body, "linger_bpf_stats_enabled"),
         Some(0.0),
@@ -316,7 +300,7 @@ fn the_programs_runs_are_served_only_while_the_kernel_counts_them() {
     BpfStats::write(true);
     // The scheduler's hook runs at every context switch.
     let first = eventually("runs counted", Duration::from_secs(10), || {
-        let (_, body) = scrape(port).ok()?;
+        let (_, body) = get(port, "/metrics").ok()?;
         let r = runs(&body);
         r.iter()
             .find(|(p, n)| p == "teardown_switch" && *n > 0.0)
@@ -331,7 +315,7 @@ fn the_programs_runs_are_served_only_while_the_kernel_counts_them() {
         first.1
     );
     let later = eventually("more runs", Duration::from_secs(10), || {
-        let (_, body) = scrape(port).ok()?;
+        let (_, body) = get(port, "/metrics").ok()?;
         runs(&body)
             .into_iter()
             .find(|(p, n)| p == "teardown_switch" && *n > first.0)
