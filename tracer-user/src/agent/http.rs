@@ -30,7 +30,7 @@ use super::{
     web_config::WebConfig,
 };
 
-/// A request's headers (and a TLS handshake before them) must come within this long...
+/// The TLS handshake, then a request's headers, must each come within this long...
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// ...and fit in this many bytes (hyper's least read buffer): a larger head is answered 431.
 const MAX_HEAD: usize = 8192;
