@@ -20,6 +20,7 @@ use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
 pub mod accuracy;
+pub mod agent;
 pub mod bench;
 pub mod fixtures;
 

@@ -5,16 +5,18 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader, Read, Write},
-    net::{TcpListener, TcpStream},
+    io::{BufRead, BufReader},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::mpsc::channel,
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use linger_tests::{linger, stand_in_device, FdScenario, Guarded, TempDir};
+use linger_tests::{
+    agent::{agent, agent_args, eventually, free_port, get, prometheus, query, start, value},
+    linger, stand_in_device, FdScenario, TempDir,
+};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -23,64 +25,12 @@ use serde_json::Value;
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// Every agent sees every kill on the machine, and every stand-in device is the same node
 /// (1:7): the tests of this file run one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `linger agent` on the stand-in device, once it says it traces.
-fn agent(device: &Path, port: u16, extra: &[&str]) -> Guarded {
-    let mut cmd = linger();
-    cmd.args(agent_args(device, port)).args(extra);
-    start(cmd)
-}
-
-fn agent_args(device: &Path, port: u16) -> Vec<String> {
-    let device = device.to_str().expect("UTF-8 device path");
-    [
-        "agent",
-        "--no-nvml",
-        "--linger-after",
-        "2s",
-        "--gpu-device",
-        device,
-        "--metrics-listen",
-        &format!("127.0.0.1:{port}"),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// Starts `cmd` (an agent, or what runs one) and waits until the agent says it traces.
-fn start(mut cmd: Command) -> Guarded {
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start linger agent");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("agent: {line}");
-            if line.contains("tracing") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("the agent attached");
-    Guarded(child)
 }
 
 /// This machine's name, as the kernel has it in the test's (the host's) UTS namespace.
@@ -114,64 +64,12 @@ fn sigkill(pid: u32) {
     kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill");
 }
 
-/// One HTTP GET on 127.0.0.1: (status line, body).
-fn get(port: u16, path: &str) -> std::io::Result<(String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    ))
-}
-
-/// Prometheus's answer to an instant query: the result vector.
-fn query(port: u16, promql: &str) -> Vec<Value> {
-    let encoded: String = promql
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    let Ok((status, body)) = get(port, &format!("/api/v1/query?query={encoded}")) else {
-        return Vec::new();
-    };
-    assert!(status.contains("200"), "{status}: {body}");
-    let v: Value = serde_json::from_str(&body).expect("Prometheus answers JSON");
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
-}
-
-fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn value(sample: &Value) -> f64 {
-    sample["value"][1]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 #[test]
 fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     let _serial = serial();
     let dir = TempDir::private("agent-prometheus");
     let device = stand_in_device(dir.path());
-    let (agent_port, prom_port) = (free_port(), free_port());
+    let agent_port = free_port();
     let state = dir.join("state");
     fs::create_dir(&state).expect("state dir");
     let mut agent = agent(
@@ -179,27 +77,12 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
         agent_port,
         &["--state-dir", state.to_str().expect("UTF-8")],
     );
-    let config = dir.join("prometheus.yml");
-    fs::write(
-        &config,
-        format!(
+    let (_prometheus, prom_port) = prometheus(
+        dir.path(),
+        &format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
              - job_name: linger\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n"
         ),
-    )
-    .expect("prometheus.yml");
-    let _prometheus = Guarded(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus from Debian's package (apt-get install prometheus)"),
     );
     eventually(
         "Prometheus to scrape the agent",
@@ -438,17 +321,18 @@ fn metrics_endpoint_answers_only_what_it_serves() {
         .expect("docs/agent.md");
     let listed: Vec<&str> = docs
         .lines()
-        .filter_map(|l| l.strip_prefix("| `linger_")?.split('`').next())
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
         .collect();
     let served: Vec<&str> = body
         .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE linger_")?.split(' ').next())
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
         .collect();
+    assert!(served.contains(&"process_cpu_seconds"), "{body}");
     for m in &served {
         let suffixed = |s: &str| listed.iter().any(|l| *l == format!("{m}{s}"));
         assert!(
             suffixed("") || suffixed("_total") || suffixed("_info"),
-            "linger_{m} is served but not in docs/agent.md"
+            "{m} is served but not in docs/agent.md"
         );
     }
     let (status, _) = get(port, "/other").expect("404");

@@ -109,3 +109,33 @@ fn a_config_file_error_names_the_key_before_anything_is_loaded() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_bad_web_config_stops_the_agent_at_start_with_its_reason() {
+    let dir = TempDir::new("web-config");
+    let file = dir.join("web.yml");
+    std::fs::write(
+        &file,
+        "tls_server_config:\n  cert_file: none.pem\n  key_file: k.pem\n",
+    )
+    .expect("web config");
+    let out = linger()
+        .args([
+            "agent",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--web-config-file",
+        ])
+        .arg(&file)
+        .output()
+        .expect("running linger");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let missing = dir.join("none.pem");
+    assert!(
+        stderr.contains(&format!("cert_file {}", missing.display()))
+            && stderr.matches("No such file").count() == 1,
+        "the file and its cause, once: {stderr}"
+    );
+    assert!(!stderr.contains("tracing"), "{stderr}");
+}

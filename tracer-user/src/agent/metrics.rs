@@ -160,6 +160,7 @@ pub struct Metrics {
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
     nvml_errors: Counter,
+    nvml_up: Family<GpuLabels, Gauge>,
     cpu: Family<PartLabel, Counter<f64, AtomicU64>>,
     /// The collector's CPU time by part, and how much of it the counters show already.
     cost: Cost,
@@ -252,6 +253,12 @@ impl Metrics {
             "NVML calls that failed",
             nvml_errors.clone(),
         );
+        let nvml_up = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "linger_nvml_up",
+            "1 when the last NVML reading of the GPU succeeded, 0 when it failed",
+            nvml_up.clone(),
+        );
         let cpu = Family::<PartLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "linger_collector_cpu_seconds",
@@ -297,6 +304,7 @@ impl Metrics {
             xid_tracepoint: false,
             lost,
             nvml_errors,
+            nvml_up,
             cpu,
             cost,
             cost_shown: [0; Part::ALL.len()],
@@ -317,6 +325,15 @@ impl Metrics {
         if new > 0 {
             self.nvml_errors.inc_by(new);
             self.nvml_errors_seen = total;
+        }
+    }
+
+    /// Whether each GPU's last NVML reading succeeded, by NVML index.
+    pub fn nvml_up(&self, up: impl IntoIterator<Item = (u32, bool)>) {
+        for (index, up) in up {
+            self.nvml_up
+                .get_or_create(&self.gpu_labels(Some(index)))
+                .set(up.into());
         }
     }
 
@@ -585,6 +602,16 @@ mod tests {
         );
         m.on_reading(RECENT_DEATH_NS + 2_000, &reading(7));
         assert_eq!(unattributed(&m), 1 << 30, "nobody explains it any more");
+    }
+
+    #[test]
+    fn nvml_up_says_whether_each_gpus_last_reading_succeeded() {
+        let m = metrics();
+        let up = |gpu: u32| m.nvml_up.get(&m.gpu_labels(Some(gpu))).map(|g| g.get());
+        m.nvml_up([(0, true), (1, false)]);
+        assert_eq!((up(0), up(1)), (Some(1), Some(0)));
+        m.nvml_up([(0, false), (1, true)]);
+        assert_eq!((up(0), up(1)), (Some(0), Some(1)));
     }
 
     fn h200_metrics(host: Host) -> (Metrics, Registry) {

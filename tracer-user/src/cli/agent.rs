@@ -7,7 +7,7 @@ use std::{
     path::PathBuf,
     rc::Rc,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -19,13 +19,15 @@ use tracer_user::{
         http,
         metrics::{Build, Metrics, WriteErrors},
         node::{self, Host, HostLabel},
+        self_metrics::SelfMetrics,
+        web_config::{self, WebConfig},
     },
     analysis::Output as Record,
     clock::boottime_ns,
     event::{Event, EventData, Strategy},
     output::{FlightOptions, FlightRecorder, IncidentLog},
     probe::xid,
-    source::{collect::Tap, gpu::GpuSources, procfs},
+    source::{collect::Tap, gpu::GpuSources, nvml, procfs},
     trace::TraceMeta,
 };
 
@@ -41,10 +43,18 @@ pub struct Args {
     /// command line win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Where Prometheus scrapes `/metrics` (and `/healthz`). Keep it on localhost unless a
-    /// proxy in front of it authenticates scrapers (docs/agent.md).
+    /// Where Prometheus scrapes `/metrics` (and `/healthz`). Keep it on localhost unless
+    /// `--web-config-file` (or a proxy in front of it) authenticates scrapers (docs/agent.md).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9477")]
     pub metrics_listen: SocketAddr,
+    /// TLS and basic auth for the metrics endpoint, in the Prometheus exporter-toolkit's
+    /// web-config format (`tls_server_config`, `basic_auth_users` with bcrypt hashes).
+    #[arg(long, value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+    /// Connections the metrics endpoint keeps open at most; past it, a new one takes the
+    /// place of the one that has waited longest for a request.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub metrics_max_connections: usize,
     /// Directory for the incident log (`incidents.jsonl`, rotated by size); without it
     /// incidents go to stdout as JSON lines.
     #[arg(long, value_name = "DIR")]
@@ -88,6 +98,11 @@ const UNATTRIBUTED_EVERY: Duration = Duration::from_millis(200);
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     args.live.json = true;
+    let web = match &args.web_config_file {
+        Some(path) => web_config::load(path).context("--web-config-file")?,
+        None => WebConfig::default(),
+    };
+    let scheme = if web.tls.is_some() { "https" } else { "http" };
     let listener = std::net::TcpListener::bind(args.metrics_listen)
         .with_context(|| format!("listening on {} for metrics", args.metrics_listen))?;
     listener
@@ -121,16 +136,24 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         _ => None,
     };
     let mut agent = Agent {
-        listener: Some(listener),
         host: Some(host),
+        endpoint: Some((
+            listener,
+            http::Options {
+                max_connections: args.metrics_max_connections,
+                web,
+            },
+        )),
+        own: Some(SelfMetrics::new(probes.program_fds())),
         writes: writes.clone(),
         metrics: None,
         unattributed_at: None,
-        nvml_errors: None,
+        nvml: None,
+        nvml_up: Vec::new(),
         flight_plan: flight,
         flight: None,
     };
-    let ready = || eprintln!("linger agent: tracing; metrics on http://{addr}/metrics");
+    let ready = || eprintln!("linger agent: tracing; metrics on {scheme}://{addr}/metrics");
     match &args.state_dir {
         Some(dir) => {
             let mut log =
@@ -152,13 +175,18 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 }
 
 struct Agent {
-    listener: Option<std::net::TcpListener>,
     /// The node the series name, until the metrics take it.
     host: Option<Host>,
+    /// The metrics endpoint, until the metrics exist.
+    endpoint: Option<(std::net::TcpListener, http::Options)>,
+    /// The agent's own cost, served beside the metrics.
+    own: Option<SelfMetrics>,
     writes: WriteErrors,
     metrics: Option<Metrics>,
     unattributed_at: Option<Instant>,
-    nvml_errors: Option<Arc<AtomicU64>>,
+    nvml: Option<nvml::Health>,
+    /// Each GPU's NVML health as last shown.
+    nvml_up: Vec<bool>,
     flight_plan: Option<FlightPlan>,
     /// The stream's tap as well: told of incidents here.
     flight: Option<Rc<RefCell<FlightRecorder>>>,
@@ -216,7 +244,7 @@ impl Companion for Agent {
             .as_ref()
             .map(|(_, g, _)| g.to_vec())
             .unwrap_or_default();
-        let (metrics, registry) = Metrics::new(
+        let (metrics, mut registry) = Metrics::new(
             build,
             &gpus,
             self.host.take().unwrap_or_default(),
@@ -225,12 +253,15 @@ impl Companion for Agent {
             procfs::dead_or_invisible,
         );
         self.metrics = Some(metrics);
-        if let Some(listener) = self.listener.take() {
-            if let Err(e) = http::spawn(listener, Arc::new(registry)) {
+        if let Some(own) = self.own.take() {
+            registry.register_collector(Box::new(own));
+        }
+        if let Some((listener, options)) = self.endpoint.take() {
+            if let Err(e) = http::spawn(listener, Arc::new(registry), options) {
                 eprintln!("linger agent: metrics endpoint: {e}");
             }
         }
-        self.nvml_errors = nvml.map(|(_, _, e)| e);
+        self.nvml = nvml.map(|(_, _, h)| h);
     }
 
     fn tap(&self) -> Option<Rc<RefCell<dyn Tap>>> {
@@ -253,8 +284,14 @@ impl Companion for Agent {
                 }
             }
             EventData::Tick => {
-                if let Some(errors) = &self.nvml_errors {
-                    metrics.nvml_errors_total(errors.load(Ordering::Relaxed));
+                if let Some(nvml) = &self.nvml {
+                    metrics.nvml_errors_total(nvml.errors.load(Ordering::Relaxed));
+                    let up: Vec<bool> = nvml.up.iter().map(|u| u.load(Ordering::Relaxed)).collect();
+                    // Ticks come every 20 ms: the gauges are set when they change.
+                    if up != self.nvml_up {
+                        metrics.nvml_up((0..).zip(up.iter().copied()));
+                        self.nvml_up = up;
+                    }
                 }
                 metrics.cpu_seconds();
                 metrics.on_event(e);

@@ -1,6 +1,9 @@
 //! Loads the tracer's programs with their globals and attaches them.
 
-use std::time::Instant;
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    time::Instant,
+};
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
@@ -476,6 +479,18 @@ impl Probes {
     }
 
     /// The driver hooks chosen, and why.
+    /// Each loaded program's name with a descriptor of its own, which outlives `self`: the
+    /// kernel's statistics of the programs are read through them.
+    pub fn program_fds(&self) -> Vec<(String, OwnedFd)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let fd = p.fd().ok()?.as_fd().try_clone_to_owned().ok()?;
+                Some((name.to_string(), fd))
+            })
+            .collect()
+    }
+
     pub fn strategy(&self) -> &Strategy {
         &self.strategy
     }

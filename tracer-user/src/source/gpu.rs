@@ -6,7 +6,7 @@ use std::{
     collections::HashSet,
     fs::File,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
 };
@@ -268,16 +268,12 @@ impl GpuSources {
         }
     }
 
-    /// NVML's driver version and the GPUs it sees, with the counter of its failed calls;
-    /// None without NVML.
-    pub fn nvml_devices(&self) -> Option<(&str, &[crate::event::GpuInfo], Arc<AtomicU64>)> {
-        self.nvml.as_ref().map(|(s, _)| {
-            (
-                s.driver.as_str(),
-                s.identities.as_slice(),
-                Arc::clone(&s.errors),
-            )
-        })
+    /// NVML's driver version and the GPUs it sees, with what the sampler tells of its health
+    /// (failed calls, each GPU's last reading); None without NVML.
+    pub fn nvml_devices(&self) -> Option<(&str, &[crate::event::GpuInfo], nvml::Health)> {
+        self.nvml
+            .as_ref()
+            .map(|(s, _)| (s.driver.as_str(), s.identities.as_slice(), s.health.clone()))
     }
 
     /// A reader of the processes holding GPU files now, as at start (for checkpoints).

@@ -7,7 +7,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     thread,
@@ -50,8 +50,16 @@ pub struct NvmlSampler {
     pub driver: String,
     /// Who each GPU is, in the terms dcgm-exporter labels its series with.
     pub identities: Vec<GpuInfo>,
+    pub health: Health,
+}
+
+/// What the sampler tells of NVML's health as it goes.
+#[derive(Clone)]
+pub struct Health {
     /// NVML calls that failed while sampling.
     pub errors: Arc<AtomicU64>,
+    /// Whether each GPU's last reading succeeded, by NVML index (none yet reads as failed).
+    pub up: Arc<[AtomicBool]>,
 }
 
 impl NvmlSampler {
@@ -82,11 +90,14 @@ impl NvmlSampler {
                 })
             })
             .collect();
-        let errors = Arc::new(AtomicU64::new(0));
-        let (p, e) = (Arc::clone(&pace), Arc::clone(&errors));
+        let health = Health {
+            errors: Arc::new(AtomicU64::new(0)),
+            up: (0..count).map(|_| AtomicBool::new(false)).collect(),
+        };
+        let (p, h) = (Arc::clone(&pace), health.clone());
         let thread = thread::Builder::new()
             .name("linger-nvml".into())
-            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out, &e, &cost))
+            .spawn(move || sample_loop(&nvml, count, quiet, &p, &out, &h, &cost))
             .map_err(|e| format!("starting the NVML thread: {e}"))?;
         Ok(Self {
             pace,
@@ -94,7 +105,7 @@ impl NvmlSampler {
             description,
             driver: version,
             identities,
-            errors,
+            health,
         })
     }
 }
@@ -189,7 +200,7 @@ fn sample_loop(
     quiet: Duration,
     pace: &Pace,
     out: &UnboundedSender<Event>,
-    errors: &AtomicU64,
+    health: &Health,
     cost: &Cost,
 ) {
     let mut spent = thread_cpu_ns();
@@ -217,7 +228,13 @@ fn sample_loop(
         let before = thread_cpu_ns();
         let gpus: Vec<NvmlGpu> = devices
             .iter()
-            .filter_map(|(i, d)| read(*i, d, errors, cost))
+            .filter_map(|(i, d)| {
+                let gpu = read(*i, d, &health.errors, cost);
+                if let Some(up) = health.up.get(*i as usize) {
+                    up.store(gpu.is_some(), Ordering::Relaxed);
+                }
+                gpu
+            })
             .collect();
         // A GPU NVML failed to read is left out: whatever it holds stays as last read.
         if !gpus.is_empty() {
