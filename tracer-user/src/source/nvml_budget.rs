@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 pub const CPU_SHARE: u64 = 100;
 /// CPU time saved up while readings were cheap or rare, for a burst.
 const BURST_NS: i64 = 50_000_000;
+/// The most one costly reading can owe: whatever it cost, the next waits at most 1 s (at
+/// `CPU_SHARE`), in time to confirm the releases of the storm that made it costly.
+const DEBT_NS: i64 = 10_000_000;
 
 pub struct Budget {
     credit_ns: i64,
@@ -37,7 +40,7 @@ impl Budget {
     /// A reading took `cpu_ns` of the thread's CPU.
     pub fn spend(&mut self, cpu_ns: u64, now: Instant) {
         self.refill(now);
-        self.credit_ns -= cpu_ns.min(i64::MAX as u64) as i64;
+        self.credit_ns = (self.credit_ns - cpu_ns.min(i64::MAX as u64) as i64).max(-DEBT_NS);
     }
 
     fn refill(&mut self, now: Instant) {
@@ -76,6 +79,11 @@ mod tests {
         }
         let share = cpu as f64 / (t - start).as_nanos() as f64;
         assert!((0.009..0.0115).contains(&share), "{share}");
+        // A reading that cost 30 ms (the driver busy with a storm) holds the next back 1 s
+        // at most, not 3.
+        let mut costly = Budget::new(t0);
+        costly.spend(80_000_000, t0);
+        assert!(costly.wait(t0) <= Duration::from_secs(1) + MS);
         // Saved credit is capped: a long quiet buys one burst, not an hour's worth.
         let later = t + Duration::from_secs(3600);
         b.spend(60_000_000, later);
