@@ -605,6 +605,22 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_nvml_failed_to_read_keeps_its_unattributed_figure() {
+        let mut m = metrics();
+        let tick = Event::collector(RECENT_DEATH_NS + 1_000, EventData::Tick);
+        m.on_event(&tick);
+        m.on_reading(RECENT_DEATH_NS + 2_000, &reading(7));
+        assert_eq!(unattributed(&m), 1 << 30);
+        // NVML failed on GPU 0: the reading leaves it out (source/nvml.rs), never empty.
+        for t in 0..3 {
+            m.on_reading(RECENT_DEATH_NS + 3_000 + t, &[]);
+            assert_eq!(unattributed(&m), 1 << 30, "a failed reading is no reading");
+        }
+        m.on_reading(RECENT_DEATH_NS + 9_000, &reading(8));
+        assert_eq!(unattributed(&m), 1 << 30, "NVML back: its own figure");
+    }
+
+    #[test]
     fn nvml_up_says_whether_each_gpus_last_reading_succeeded() {
         let m = metrics();
         let up = |gpu: u32| m.nvml_up.get(&m.gpu_labels(Some(gpu))).map(|g| g.get());
