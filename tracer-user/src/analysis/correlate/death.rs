@@ -8,8 +8,7 @@ use crate::analysis::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
     },
     memory::{Residual, Role},
-    references,
-    termination::{self},
+    references, termination,
 };
 use crate::event::Event;
 
