@@ -77,58 +77,7 @@ impl Correlator {
             && c.gpu;
 
         if c.gpu || dead.is_none() {
-            let asleep = log
-                .asleep(now)
-                .into_iter()
-                .map(|(tid, since, id)| {
-                    let frames = self
-                        .stacks
-                        .get(&id)
-                        .map(|s| s.frames.to_vec())
-                        .unwrap_or_default();
-                    (tid, since, frames)
-                })
-                .collect();
-            let unknown_nvml_pids = self
-                .nvml
-                .iter()
-                .flatten()
-                .flat_map(|g| g.processes.iter().map(|p| p.pid))
-                .filter(|&p| p != pid && self.holders.process(p).is_none())
-                .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
-                .collect();
-            let cx = verdict::Context {
-                deferral: log.deferral(&self.stacks),
-                asleep,
-                unknown_nvml_pids,
-                unreconciled: self.unreconciled(&inc.holders),
-                ambiguous: w
-                    .map(|w| {
-                        w.ambiguous
-                            .iter()
-                            .map(|(p, b)| {
-                                (*p, self.name_of(*p).map(|n| n.0).unwrap_or_default(), *b)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                // Not listed means something only once NVML was read after its files' release.
-                still_listed: self
-                    .nvml
-                    .as_ref()
-                    .and(w.map(Watch::listed))
-                    .filter(|listed| {
-                        *listed
-                            || inc
-                                .gpu
-                                .as_ref()
-                                .and_then(|g| g.t_files_released_ns)
-                                .is_some_and(|t| self.memory.read_since(t))
-                    }),
-                others_in_flight: self.others_in_flight(id),
-                slow_after_ns: self.config.slow_after_ns,
-                now_ns: now,
-            };
+            let cx = self.verdict_context(id, &inc, w, log);
             inc.verdict = verdict::decide(&inc, &cx);
         }
         let gpu = w.and_then(Watch::gpu);
@@ -144,6 +93,69 @@ impl Correlator {
             }
         }
         inc
+    }
+
+    /// What the verdict is decided from beside the incident itself: the threads still asleep,
+    /// processes NVML lists that linger knows nothing of, and what is still in flight.
+    fn verdict_context(
+        &self,
+        id: u64,
+        inc: &Incident,
+        w: Option<&Watch>,
+        log: &TeardownLog,
+    ) -> verdict::Context {
+        let pid = inc.target.pid;
+        let now = self.now_ns;
+        let asleep = log
+            .asleep(now)
+            .into_iter()
+            .map(|(tid, since, id)| {
+                let frames = self
+                    .stacks
+                    .get(&id)
+                    .map(|s| s.frames.to_vec())
+                    .unwrap_or_default();
+                (tid, since, frames)
+            })
+            .collect();
+        let unknown_nvml_pids = self
+            .nvml
+            .iter()
+            .flatten()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .filter(|&p| p != pid && self.holders.process(p).is_none())
+            .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
+            .collect();
+        verdict::Context {
+            deferral: log.deferral(&self.stacks),
+            asleep,
+            unknown_nvml_pids,
+            unreconciled: self.unreconciled(&inc.holders),
+            ambiguous: w
+                .map(|w| {
+                    w.ambiguous
+                        .iter()
+                        .map(|(p, b)| (*p, self.name_of(*p).map(|n| n.0).unwrap_or_default(), *b))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            // Not listed means something only once NVML was read after its files' release.
+            still_listed: self
+                .nvml
+                .as_ref()
+                .and(w.map(Watch::listed))
+                .filter(|listed| {
+                    *listed
+                        || inc
+                            .gpu
+                            .as_ref()
+                            .and_then(|g| g.t_files_released_ns)
+                            .is_some_and(|t| self.memory.read_since(t))
+                }),
+            others_in_flight: self.others_in_flight(id),
+            slow_after_ns: self.config.slow_after_ns,
+            now_ns: now,
+        }
     }
 
     /// Where a dead GPU process's teardown time went, from its death to its own release of

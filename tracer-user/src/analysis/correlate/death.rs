@@ -1,0 +1,522 @@
+//! The rules of a death: signals, the group's exit, zombies, reaps, the holders of its files.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::analysis::{
+    holders::{FileId, Holder, How},
+    incident::{
+        Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
+    },
+    memory::{Residual, Role},
+    references, termination,
+};
+use crate::event::Event;
+
+use super::{Case, Correlator};
+
+impl Correlator {
+    fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
+        let pid = target.pid;
+        target.workload = target.workload.or_else(|| self.workload_of(target.pid));
+        self.next_id += 1;
+        let id = self.next_id;
+        self.alive.insert(target.pid, id);
+        let case = Box::new(Case {
+            inc: Incident::new(id, target, t_ns),
+            signals: Vec::new(),
+            noticed: 0,
+            oom: false,
+            dead_tid: None,
+            files: Vec::new(),
+            gpu: false,
+            fput_end: None,
+            kernel_release: None,
+            fd_holders: Vec::new(),
+            owner: None,
+            owns: false,
+            ledger_parts: Vec::new(),
+            holder_gone: BTreeMap::new(),
+            parent: None,
+            importer_names: BTreeMap::new(),
+            unaccounted: 0,
+            reported: None,
+            stuck_reported: false,
+        });
+        self.cases.insert(id, case);
+        self.agenda.open(id, t_ns);
+        *self.cases_of_pid.entry(pid).or_default() += 1;
+        self.xids.link(pid, None, t_ns);
+        id
+    }
+
+    pub(super) fn signal(
+        &mut self,
+        t_ns: u64,
+        sig: u32,
+        code: i32,
+        sender: Sender,
+        target: Target,
+        discarded: bool,
+    ) {
+        let pid = target.pid;
+        let id = match self.alive.get(&pid) {
+            Some(&id) => id,
+            None if self.wanted(pid, &target.comm) => self.open_case(target, t_ns),
+            None => return,
+        };
+        let sent = termination::sent(sig, code, sender, t_ns, discarded);
+        let holds_gpu = self.holders.holds_gpu_files(pid);
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.signals.push(sent);
+            c.gpu |= holds_gpu;
+        }
+        self.agenda.touch(id);
+        if holds_gpu {
+            // Read NVML at once: the victim's share comes from the readings that follow.
+            self.memory.start(id, pid, t_ns);
+        } else if self.lean {
+            // Without traced opens it may hold GPU files all the same: NVML will say.
+            self.memory.start_probe(id, pid, t_ns);
+        }
+    }
+
+    pub(super) fn delivered(&mut self, e: &Event, sig: u32, handler: u64) {
+        let Some(&id) = self.alive.get(&e.pid) else {
+            return;
+        };
+        self.agenda.touch(id);
+        let Some(c) = self.cases.get_mut(&id) else {
+            return;
+        };
+        let action = Action::from_handler(handler);
+        c.inc.deliveries.push(Delivery {
+            tid: e.tid,
+            t_ns: e.ts_ns,
+            sig,
+            action,
+        });
+        if let Some(s) = c
+            .signals
+            .iter_mut()
+            .find(|s| s.sig == sig && s.action.is_none())
+        {
+            s.action = Some(action);
+        }
+    }
+
+    /// A thread group died: what it held, who else holds it, and what is released.
+    pub(super) fn group_died(&mut self, e: &Event, exit_code: u32, comm: &str) {
+        let (pid, t_ns) = (e.pid, e.ts_ns);
+        // The record's comm is the last thread's; the process's is the leader's.
+        let comm = self
+            .holders
+            .process(pid)
+            .map(|p| p.comm.clone())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| comm.to_string());
+        let comm = comm.as_str();
+        let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
+        let workload = self.workload_of(pid);
+        let held = self.holders.group_died(pid);
+        let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
+        let files = unique_files(held.iter().map(|h| h.file));
+        let id = match self.alive.remove(&pid) {
+            Some(id) => Some(id),
+            // A GPU holder nobody signalled: its exit is an incident too.
+            None if !held.is_empty() && self.wanted(pid, comm) => {
+                let target = Target {
+                    pid,
+                    comm: comm.to_string(),
+                    threads: 1,
+                    workload: None,
+                };
+                let id = self.open_case(target, t_ns);
+                self.alive.remove(&pid);
+                Some(id)
+            }
+            None => None,
+        };
+        if let Some(id) = id {
+            self.agenda.touch(id);
+            self.unreaped.insert(pid, id);
+            if let Some(c) = self.cases.get_mut(&id) {
+                if c.inc.target.workload.is_none() {
+                    c.inc.target.workload = workload;
+                }
+            }
+            let oom = self.oom_marked.remove(&pid).is_some();
+            let fd_holders = self.holders.holders_of(&files, pid);
+            let role = self.role_at_death(id, pid, &files, &fd_holders);
+            let owner = match role {
+                Role::AliasOf(o) => self
+                    .cases
+                    .get(&o)
+                    .map(|o| format!("{}[{}]", o.inc.target.comm, o.inc.target.pid)),
+                _ => None,
+            };
+            let owns = self.ledger.allocators(&files).contains(&pid)
+                || self
+                    .memory
+                    .watch(id)
+                    .is_some_and(|w| w.max_figure().is_some());
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.owner = owner;
+                c.owns = owns;
+                c.inc.t_group_dead_ns = Some(t_ns);
+                c.inc.exit = Some(ExitStatus::from_code(exit_code));
+                c.inc.outcome = Outcome::Exited;
+                c.dead_tid = Some(e.tid);
+                c.oom = oom;
+                if !held.is_empty() {
+                    c.gpu = true;
+                    let gpu = c.inc.gpu.get_or_insert_with(Default::default);
+                    gpu.ledger = self.ledger.bytes(&files);
+                    gpu.bytes_ledger = gpu.ledger.video;
+                    gpu.classes = self.ledger.classes(&files);
+                    let infos = self.xids.gpus();
+                    // The only GPU there is, by NVML's names, or its readings in a trace
+                    // recorded before linger named GPUs.
+                    let only = match (infos, self.nvml.as_deref()) {
+                        ([one], _) => Some(one.index),
+                        ([], Some([one])) => Some(one.index),
+                        _ => None,
+                    };
+                    c.ledger_parts = self.ledger.parts(&files, infos, only);
+                    c.unaccounted = references::unaccounted(&held, &self.holders, pid);
+                    self.search_wanted |= c.unaccounted > 0;
+                    gpu.files = held;
+                    c.files = files.clone();
+                    c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
+                    for h in &fd_holders {
+                        self.held_for.entry(h.pid).or_default().insert(id);
+                    }
+                    c.fd_holders = fd_holders;
+                }
+                if c.gpu {
+                    c.inc.gpu.get_or_insert_with(Default::default);
+                }
+            }
+            if let Role::AliasOf(owner) = role {
+                // It held those files unseen until now: the owner's holder, found at its death.
+                self.unseen_holder_died(owner, pid, ppid, comm, held_fds, t_ns);
+            }
+            if self.cases.get(&id).is_some_and(|c| c.gpu) {
+                self.watch_death(id, pid, t_ns, role, &files);
+            }
+        }
+        // A holder of other dead processes' files is gone: their memory may be on its way.
+        let watching: Vec<u64> = self
+            .held_for
+            .get(&pid)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default();
+        for w in watching {
+            self.memory.activity(w, t_ns);
+            self.agenda.touch(w);
+        }
+        // Files nobody else holds die with this process, whether or not it had an incident.
+        let orphaned: Vec<FileId> = files
+            .into_iter()
+            .filter(|f| self.holders.holders_of(&[*f], pid).is_empty())
+            .collect();
+        self.ledger.release_files(&orphaned);
+        self.holders_changed();
+    }
+
+    /// A GPU holder died: its memory is watched from now on, where the ledger placed it, and
+    /// with the imports of its objects the ledger saw.
+    fn watch_death(&mut self, id: u64, pid: u32, t_ns: u64, role: Role, files: &[FileId]) {
+        self.memory.start(id, pid, t_ns);
+        self.memory.died(id, t_ns, role);
+        let placed: BTreeMap<u32, u64> = self.cases[&id]
+            .ledger_parts
+            .iter()
+            .filter_map(|p| Some((p.gpu?, p.bytes)))
+            .collect();
+        self.memory.placed(id, placed);
+        // Who imported its objects must be asked before its clients are freed.
+        for i in self.ledger.imports_from(files) {
+            self.memory.imported(id, i.importer, i.bytes, i.via, i.dups);
+        }
+    }
+
+    /// What a GPU holder's death is to give back.
+    fn role_at_death(&self, id: u64, pid: u32, files: &[FileId], others: &[Holder]) -> Role {
+        let video = self.ledger.bytes(files).video;
+        let allocators = self.ledger.allocators(files);
+        let listed = self
+            .memory
+            .watch(id)
+            .is_some_and(|w| w.max_figure().is_some());
+        if listed || allocators.contains(&pid) {
+            return Role::Own { ledger: video };
+        }
+        // Another dead process's memory, in files it inherited. Without files there is none
+        // to look for: a kill storm's deaths skip the walk over every open case.
+        let owner = if files.is_empty() {
+            None
+        } else {
+            self.cases.iter().find(|(other, c)| {
+                **other != id
+                    && c.inc.t_group_dead_ns.is_some()
+                    && c.files.iter().any(|f| files.contains(f))
+                    && self.memory.back_ns(**other).is_none()
+            })
+        };
+        if let Some((other, _)) = owner {
+            return Role::AliasOf(*other);
+        }
+        // The memory is the live holders' only on evidence: NVML lists one of them, or one
+        // of them allocated it; without that it counts as this death's.
+        let owned_by_others = others
+            .iter()
+            .any(|h| allocators.contains(&h.pid) || self.memory.listed(h.pid));
+        if owned_by_others {
+            Role::Nothing
+        } else {
+            Role::Own { ledger: video }
+        }
+    }
+
+    /// SIGCHLD from `pid`: it is a zombie, its files released.
+    pub(super) fn zombie(&mut self, pid: u32, parent: (u32, String), t_ns: u64) {
+        let Some(&id) = self.unreaped.get(&pid) else {
+            // An importer with no case of its own let go with its exit.
+            self.memory.importer_exited(pid, t_ns);
+            return;
+        };
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.inc.t_zombie_ns.get_or_insert(t_ns);
+            c.parent.get_or_insert(parent);
+        }
+        self.agenda.touch(id);
+        self.kernel_released(id, t_ns);
+    }
+
+    /// The exit path is done with the files: the driver hooks' last `__fput` if they timed
+    /// one, else this moment (the zombie transition or the reap) as an upper bound.
+    pub(super) fn kernel_released(&mut self, id: u64, t_ns: u64) {
+        let Some(c) = self.cases.get_mut(&id) else {
+            return;
+        };
+        if c.kernel_release.is_some() {
+            return;
+        }
+        let release = match c.fput_end {
+            Some(end) if end <= t_ns => (end, Source::Fput),
+            _ => (t_ns, Source::Zombie),
+        };
+        c.kernel_release = Some(release);
+        let pid = c.inc.target.pid;
+        self.agenda.touch(id);
+        self.memory.kernel_released(id, release.0);
+        // Whatever it imported went with its files.
+        self.memory.importer_exited(pid, release.0);
+        self.holders_changed();
+    }
+
+    pub(super) fn reaped(&mut self, e: &Event, reaped_pid: u32, by_wait: bool, comm: &str) {
+        let Some(id) = self.unreaped.remove(&reaped_pid) else {
+            self.memory.importer_exited(reaped_pid, e.ts_ns);
+            return;
+        };
+        self.agenda.touch(id);
+        if let Some(c) = self.cases.get_mut(&id) {
+            if c.inc.t_reaped_ns.is_none() {
+                c.inc.t_reaped_ns = Some(e.ts_ns);
+                c.inc.reaper = Some(if by_wait {
+                    Reaper::waited(e.pid, comm)
+                } else {
+                    freed_by(c)
+                });
+            }
+        }
+        self.kernel_released(id, e.ts_ns);
+    }
+
+    /// `pid` died holding files of `owner`'s, which had references nobody known accounted for.
+    fn unseen_holder_died(
+        &mut self,
+        owner: u64,
+        pid: u32,
+        ppid: u32,
+        comm: &str,
+        fds: Vec<i32>,
+        t_ns: u64,
+    ) {
+        let Some(c) = self.cases.get_mut(&owner) else {
+            return;
+        };
+        if c.unaccounted == 0 || c.holder_gone.contains_key(&pid) {
+            return;
+        }
+        c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
+        c.holder_gone.insert(pid, None);
+        self.agenda.touch(owner);
+        self.held_for.entry(pid).or_default().insert(owner);
+        c.fd_holders.push(Holder {
+            pid,
+            comm: comm.to_string(),
+            ppid,
+            fds,
+            how: How::Seen { t_ns },
+            t_released_ns: None,
+        });
+    }
+
+    /// A searched process's walk is in: it joins the holders of the dead cases whose files it
+    /// holds and whose references were not all accounted for.
+    pub(super) fn searched(&mut self, pid: u32) {
+        let ids: Vec<u64> = self
+            .cases
+            .iter()
+            // A walk lists one descriptor per record: a holder already found grows with them.
+            .filter(|(_, c)| {
+                c.unaccounted > 0
+                    || c.fd_holders
+                        .iter()
+                        .any(|h| h.pid == pid && h.found_by_walk())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
+                continue;
+            };
+            let target = c.inc.target.pid;
+            let Some(found) = self
+                .holders
+                .holders_of(&c.files, target)
+                .into_iter()
+                .find(|h| h.pid == pid)
+            else {
+                continue;
+            };
+            let held = c
+                .inc
+                .gpu
+                .as_ref()
+                .map(|g| g.files.clone())
+                .unwrap_or_default();
+            let left = references::unaccounted(&held, &self.holders, target);
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.unaccounted = c.unaccounted.min(left);
+                c.holder_gone.entry(pid).or_insert(None);
+                self.agenda.touch(id);
+                self.held_for.entry(pid).or_default().insert(id);
+                match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
+                    Some(known) => known.fds = found.fds,
+                    None => c.fd_holders.push(found),
+                }
+            }
+        }
+    }
+
+    /// Dead cases whose other holders let go: when each did (its own release, if it died).
+    pub(super) fn holders_changed(&mut self) {
+        let now = self.now_ns;
+        let mut gone_of: Vec<(u64, u32, u64)> = Vec::new();
+        // Only cases with other holders name a holder in `held_for`.
+        let ids: BTreeSet<u64> = self.held_for.values().flatten().copied().collect();
+        for (id, c) in ids.iter().filter_map(|id| Some((id, self.cases.get(id)?))) {
+            if c.holder_gone.values().all(Option::is_some) {
+                continue;
+            }
+            let target = c.inc.target.pid;
+            for (&holder, gone) in &c.holder_gone {
+                if gone.is_some() || (holder != target && self.holders.holds_any(holder, &c.files))
+                {
+                    continue;
+                }
+                // A holder that died let go with its own release; one that closed, now.
+                let t = match self.case_of_dead(holder) {
+                    Some(hc) => match hc.kernel_release {
+                        Some((t, _)) => t,
+                        None => continue,
+                    },
+                    None => now,
+                };
+                gone_of.push((*id, holder, t));
+            }
+        }
+        for (id, holder, t) in gone_of {
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.holder_gone.insert(holder, Some(t));
+            }
+            self.agenda.touch(id);
+            self.memory.activity(id, t);
+        }
+    }
+
+    /// The case of a dead process (the latest, should the pid have been reused).
+    fn case_of_dead(&self, pid: u32) -> Option<&Case> {
+        self.cases
+            .values()
+            .rev()
+            .find(|c| c.inc.target.pid == pid && c.inc.t_group_dead_ns.is_some())
+            .map(Box::as_ref)
+    }
+
+    /// Remembers the importers' names while they are known: an import is back with its
+    /// importer's end, when the importer itself may be gone.
+    pub(super) fn name_importers(&mut self, id: u64, residuals: &[Residual]) {
+        let names: Vec<(u32, (String, u32))> = residuals
+            .iter()
+            .filter_map(|r| Some((r.importer, self.name_of(r.importer)?)))
+            .collect();
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.importer_names.extend(names);
+        }
+    }
+
+    /// A process's comm and parent, from its table or its case.
+    pub(in crate::analysis) fn name_of(&self, pid: u32) -> Option<(String, u32)> {
+        self.holders
+            .process(pid)
+            .map(|p| (p.comm.clone(), p.ppid))
+            .filter(|(comm, _)| !comm.is_empty())
+            .or_else(|| {
+                self.cases
+                    .values()
+                    .find(|o| o.inc.target.pid == pid)
+                    .map(|o| (o.inc.target.comm.clone(), 0))
+            })
+    }
+}
+
+/// Who reaped a process seen only when the kernel freed it: the parent its SIGCHLD went to
+/// (only the parent's wait can reap it; a process that sent none was auto-reaped).
+fn freed_by(c: &Case) -> Reaper {
+    match &c.parent {
+        Some((pid, comm)) => Reaper {
+            pid: Some(*pid),
+            comm: Some(comm.clone()),
+            how: ReapHow::Parent,
+        },
+        None => Reaper::freed(),
+    }
+}
+
+pub(super) fn sender_of(e: &Event, code: i32, comm: &str) -> Sender {
+    match crate::analysis::signals::origin(code) {
+        crate::analysis::signals::Origin::User => Sender {
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm.to_string(),
+            context_pid: None,
+        },
+        _ => Sender {
+            pid: 0,
+            tid: 0,
+            comm: "kernel".into(),
+            context_pid: Some(e.pid),
+        },
+    }
+}
+
+fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
+    let mut v: Vec<FileId> = files.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}

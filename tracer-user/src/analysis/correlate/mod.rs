@@ -1,0 +1,425 @@
+//! The incident state machine. Pure: time comes only from the events (including the
+//! collector's ticks), so a replay of the same events yields the same records.
+//!
+//! One case per process death: it opens at the first fatal signal (or at the death of a GPU
+//! holder nobody signalled), collects every signal until the process dies, and, for GPU
+//! holders, stays open until the memory is back. It is reported as soon as there is something
+//! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
+//! changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+mod death;
+mod release;
+mod report;
+
+use death::sender_of;
+
+use super::{
+    agenda::Agenda,
+    gpu_errors::{GpuErrorRecord, XidBook},
+    holders::{FileId, Holder, Holders},
+    id_map::IdMap,
+    incident::{Incident, Source, Target, ThreadExit},
+    ledger::{self, Ledger, LedgerPart},
+    losses::LossLog,
+    memory::{MemoryBook, Watch},
+    notice::SignalNotice,
+    signals::{SIGCHLD, SIGKILL},
+    storm::StormLog,
+    teardown::{Stack, TeardownLog},
+    termination::SignalSent,
+};
+use crate::event::{Event, EventData, FdOp, NvmlGpu, Workload};
+use tracer_common::driver;
+
+/// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
+const RESULT_IGNORED: i32 = 1;
+/// A dead process with memory held elsewhere is reported once reaped, or this long after its
+/// death when nobody reaps it.
+const HELD_REPORT_NS: u64 = 50_000_000;
+/// NVML's account of a return this much after the kernel's confirmed release is late: its
+/// readings queue behind the driver during teardowns, and other jobs move the device's figure.
+const NVML_LATE_NS: u64 = 2_000_000;
+/// How long after a teardown's own release NVML's readings may still be catching up.
+const IN_FLIGHT_NS: u64 = 200_000_000;
+
+/// Stored in trace files (as the replay's defaults), so it serializes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct CorrelatorConfig {
+    /// Only incidents whose target has one of these pids (empty: all).
+    pub pids: Vec<u32>,
+    /// Only incidents whose target has one of these comms (empty: all).
+    pub comms: Vec<String>,
+    /// A process still alive this long after a catchable signal survived it (reported then).
+    pub survive_after_ns: u64,
+    /// A dead process not reaped this long after its group died is reported without a reap.
+    pub reap_wait_ns: u64,
+    /// GPU memory still held this long after the death is called lingering (and a SIGKILLed
+    /// process not dead by then stuck).
+    pub linger_after_ns: u64,
+    /// A teardown longer than this is `slow_teardown`; memory not back by then is reported
+    /// as still held.
+    pub slow_after_ns: u64,
+    /// Signals a process survived belong to its death if it dies within this long.
+    pub escalation_window_ns: u64,
+}
+
+impl Default for CorrelatorConfig {
+    fn default() -> Self {
+        Self {
+            pids: Vec::new(),
+            comms: Vec::new(),
+            survive_after_ns: 1_000_000_000,
+            reap_wait_ns: 5_000_000_000,
+            linger_after_ns: 30_000_000_000,
+            slow_after_ns: 1_000_000_000,
+            escalation_window_ns: 120_000_000_000,
+        }
+    }
+}
+
+/// What the correlator reports.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Output {
+    /// An incident or an update of one.
+    Incident(Box<Incident>),
+    /// A fatal-by-default signal the process survived (so far).
+    Signal(Box<SignalNotice>),
+    /// A GPU error no incident took.
+    GpuError(Box<GpuErrorRecord>),
+}
+
+/// What was last reported of a case, to tell when an update is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Reported {
+    pub holders_left: Vec<u32>,
+    pub residuals_back: usize,
+    pub importers: usize,
+    pub back: bool,
+    pub lingering: bool,
+    pub dead: bool,
+}
+
+/// One process's way to its death and its memory's return.
+pub(super) struct Case {
+    pub inc: Incident,
+    pub signals: Vec<SignalSent>,
+    /// Signals already reported as survived.
+    noticed: usize,
+    pub oom: bool,
+    /// The thread that ended the group: it runs the exit path's release of the files.
+    pub dead_tid: Option<u32>,
+    /// GPU files it held when its group died.
+    pub files: Vec<FileId>,
+    /// The video memory of those files' clients on each GPU, by the ledger, at the death.
+    pub ledger_parts: Vec<LedgerPart>,
+    /// A GPU holder: its memory is watched.
+    pub gpu: bool,
+    /// End of the last exit-path `__fput` of one of its files (driver hooks).
+    fput_end: Option<u64>,
+    /// Its own release of its GPU files.
+    pub kernel_release: Option<(u64, Source)>,
+    /// Other processes holding its files at death, and when each let go.
+    pub fd_holders: Vec<Holder>,
+    /// For a holder of another dead process's files: that process, "comm[pid]".
+    pub owner: Option<String>,
+    /// NVML listed it, or the ledger saw it allocate: the memory of its files is its own.
+    owns: bool,
+    pub holder_gone: BTreeMap<u32, Option<u64>>,
+    /// The process its SIGCHLD went to, and its comm: the one that reaps it.
+    parent: Option<(u32, String)>,
+    /// Importers of its memory: comm and parent, as known when the import was found.
+    pub importer_names: BTreeMap<u32, (String, u32)>,
+    /// References to its files at death that no known holder accounted for; less as the
+    /// search finds their holders.
+    pub unaccounted: u64,
+    reported: Option<Reported>,
+    stuck_reported: bool,
+}
+
+#[derive(Default)]
+pub struct Correlator {
+    pub(super) config: CorrelatorConfig,
+    pub(super) now_ns: u64,
+    next_id: u64,
+    /// linger's own process, never an incident.
+    self_pid: Option<u32>,
+    /// `--lean`: opens are not traced, so a process not known to hold GPU files may.
+    pub(super) lean: bool,
+    /// Driver calls are traced (not `--lean`, not `--no-ioctls`): an import of a victim's
+    /// memory shows in the ledger.
+    pub(super) ioctls_traced: bool,
+    /// What the strategy could not see, for the incidents of GPU processes.
+    pub(super) unseen: Vec<String>,
+    /// Boxed: a B-tree node shifts its entries on every insert and removal, and a case is
+    /// over a kilobyte.
+    pub(super) cases: BTreeMap<u64, Box<Case>>,
+    /// Live processes with a case.
+    alive: IdMap<u32, u64>,
+    /// Dead processes with a case, until reaped.
+    unreaped: IdMap<u32, u64>,
+    /// Holder pid → the cases whose `holder_gone` names it: an exit finds the cases it may
+    /// release without a walk over every case (thousands in a kill storm under `--lean`).
+    held_for: IdMap<u32, BTreeSet<u64>>,
+    /// Which cases the pass after an event looks at.
+    pub(super) agenda: Agenda,
+    /// Dead cases waiting for a reading taken since their death or their files' release:
+    /// the next reading looks at them.
+    await_reading: BTreeSet<u64>,
+    /// Open cases per target pid (a pid may be reused while its old case is open).
+    cases_of_pid: IdMap<u32, usize>,
+    pub(super) holders: Holders,
+    pub(super) ledger: Ledger,
+    pub(super) memory: MemoryBook,
+    pub(super) losses: LossLog,
+    pub(super) storms: StormLog,
+    /// The latest NVML reading; None until one arrives (no NVML on this machine).
+    pub(super) nvml: Option<Vec<NvmlGpu>>,
+    /// Symbolized kernel stacks by id.
+    pub(super) stacks: IdMap<i32, Stack>,
+    /// Teardown samples by dying process.
+    pub(super) teardown: IdMap<u32, TeardownLog>,
+    oom_marked: IdMap<u32, u64>,
+    /// A death left references nobody known accounts for: the live collector should have the
+    /// processes holding GPU files walked (`take_search_request`).
+    search_wanted: bool,
+    /// GPU errors, for the incidents they belong to.
+    pub(super) xids: XidBook,
+}
+
+impl Correlator {
+    pub fn new(config: CorrelatorConfig) -> Self {
+        Self {
+            config,
+            ..Default::default()
+        }
+    }
+
+    /// Feeds one event; what it makes reportable is appended to `out`.
+    pub fn on_event(&mut self, e: &Event, out: &mut Vec<Output>) {
+        self.now_ns = self.now_ns.max(e.ts_ns);
+        self.holders.on_event(e);
+        self.ledger.on_event(e);
+        self.losses.on_event(e);
+        match &e.data {
+            EventData::Collector { pid } => self.self_pid = Some(*pid),
+            EventData::Strategy(s) => {
+                // Opens are not all traced: a process not known to hold GPU files may.
+                self.lean = s.lean || !s.libraries.is_empty();
+                self.ioctls_traced = !s.lean && s.hooks.iter().any(|h| h.contains("ioctl"));
+                self.unseen = s.unseen.clone();
+                self.agenda.touch_all();
+            }
+            EventData::SignalGenerate {
+                sig,
+                code,
+                result,
+                target_pid,
+                target_threads,
+                sender_comm,
+                target_comm,
+                ..
+            } => {
+                if *sig == SIGCHLD {
+                    self.zombie(e.pid, (*target_pid, target_comm.clone()), e.ts_ns);
+                } else {
+                    let sender = sender_of(e, *code, sender_comm);
+                    let target = Target {
+                        pid: *target_pid,
+                        comm: target_comm.clone(),
+                        threads: *target_threads,
+                        workload: None,
+                    };
+                    let discarded = *result == RESULT_IGNORED;
+                    self.signal(e.ts_ns, *sig, *code, sender, target, discarded);
+                }
+            }
+            EventData::SignalDeliver { sig, handler, .. } => self.delivered(e, *sig, *handler),
+            EventData::TaskExit {
+                exit_code,
+                group_dead,
+                comm,
+            } => {
+                if let Some(&id) = self.alive.get(&e.pid) {
+                    if let Some(c) = self.cases.get_mut(&id) {
+                        c.inc.exits.push(ThreadExit {
+                            tid: e.tid,
+                            t_ns: e.ts_ns,
+                        });
+                    }
+                    self.agenda.touch(id);
+                }
+                if *group_dead {
+                    self.group_died(e, *exit_code, comm);
+                }
+            }
+            EventData::Reap {
+                reaped_pid,
+                by_wait,
+                comm,
+            } => self.reaped(e, *reaped_pid, *by_wait, comm),
+            EventData::OomVictim { pid } => {
+                self.oom_marked.insert(*pid, e.ts_ns);
+            }
+            EventData::GpuFd {
+                op: FdOp::HeldAtSearch,
+                ..
+            } => self.searched(e.pid),
+            EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => self.holders_changed(),
+            EventData::Nvml { gpus } => self.nvml_reading(e.ts_ns, gpus),
+            EventData::Gpus { gpus } => self.xids.set_gpus(gpus),
+            EventData::GpuXid {
+                xid,
+                pci,
+                message,
+                truncated,
+                source,
+            } => {
+                self.xids
+                    .add(e.ts_ns, *xid, pci, message, *truncated, *source);
+                self.link_xids();
+            }
+            EventData::DriverCall {
+                func,
+                exit: true,
+                file,
+                duration_ns,
+                ..
+            } if *duration_ns > 0 => self.driver_call(e, *func, *file, *duration_ns),
+            EventData::GpuIoctl { cmd, status: 0, .. }
+                if ledger::escape_nr(*cmd) == driver::RM_FREE =>
+            {
+                self.freed_by(e.pid, e.ts_ns);
+            }
+            EventData::Stack { .. }
+            | EventData::TeardownSample { .. }
+            | EventData::KthreadWakeup { .. } => self.teardown_event(e),
+            _ => {}
+        }
+        // A search walk lists one descriptor per record: report what it found once it is over
+        // (the next event), not descriptor by descriptor.
+        if let EventData::GpuFd {
+            op: FdOp::HeldAtSearch,
+            ..
+        } = e.data
+        {
+            return;
+        }
+        self.advance(out);
+    }
+
+    /// A record of a dying process's teardown: a kernel stack, a sample, a woken kthread.
+    fn teardown_event(&mut self, e: &Event) {
+        match &e.data {
+            EventData::Stack { id, frames } => {
+                self.stacks.insert(*id, Stack::new(frames.clone()));
+            }
+            EventData::TeardownSample {
+                sample,
+                stack_id,
+                owner,
+                tid,
+                blocked_ns,
+            } => self.teardown.entry(*owner).or_default().sample(
+                e.ts_ns,
+                *tid,
+                *sample,
+                *stack_id,
+                *blocked_ns,
+            ),
+            EventData::KthreadWakeup {
+                kthread_tid,
+                owner,
+                comm,
+            } => self.teardown.entry(*owner).or_default().wakeups.push((
+                e.ts_ns,
+                *kthread_tid,
+                comm.clone(),
+            )),
+            _ => {}
+        }
+    }
+
+    /// Lets every open case take the GPU errors it cites.
+    fn link_xids(&mut self) {
+        if !self.xids.waiting() {
+            return;
+        }
+        for (id, c) in &self.cases {
+            let gpu = self.memory.watch(*id).and_then(Watch::gpu);
+            self.xids.link(c.inc.target.pid, gpu, c.inc.t_signal_ns);
+        }
+    }
+
+    /// GPU errors no incident took in time, as their own records.
+    fn gpu_errors(&mut self, all: bool, out: &mut Vec<Output>) {
+        for error in self.xids.unlinked(self.now_ns, all) {
+            out.push(Output::GpuError(Box::new(GpuErrorRecord {
+                record_type: "gpu_error",
+                schema: super::incident::SCHEMA,
+                node: None,
+                wall_time: None,
+                error,
+            })));
+        }
+    }
+
+    /// Reports what is still open when the stream ends.
+    pub fn finish(&mut self, out: &mut Vec<Output>) {
+        self.link_xids();
+        let ids: Vec<u64> = self.cases.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
+                continue;
+            };
+            if c.inc.t_group_dead_ns.is_none() {
+                if c.signals.iter().any(|s| s.sig == SIGKILL) {
+                    if !c.stuck_reported {
+                        out.push(self.emit(id, "incident"));
+                    }
+                } else {
+                    self.notices(id, true, out);
+                }
+            } else if self.reportable_death(id) {
+                let kind = match c.reported {
+                    None => "incident",
+                    Some(_) => "incident_update",
+                };
+                if c.reported.is_none() || self.state(id) != c.reported {
+                    out.push(self.emit(id, kind));
+                }
+            }
+        }
+        self.cases.clear();
+        self.agenda.clear();
+        self.await_reading.clear();
+        self.cases_of_pid.clear();
+        self.gpu_errors(true, out);
+    }
+
+    /// Whether no incident is open: symbolized stacks are no longer needed (the kernel's stack
+    /// ids may be reused from now on).
+    /// Whether a search for unknown holders is wanted (once per death that needs one).
+    pub fn take_search_request(&mut self) -> bool {
+        std::mem::take(&mut self.search_wanted)
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.cases.is_empty()
+    }
+
+    fn wanted(&self, pid: u32, comm: &str) -> bool {
+        Some(pid) != self.self_pid
+            && (self.config.pids.is_empty() || self.config.pids.contains(&pid))
+            && (self.config.comms.is_empty() || self.config.comms.iter().any(|c| c == comm))
+    }
+
+    /// Who `pid` ran for, as /proc said while it was alive.
+    fn workload_of(&self, pid: u32) -> Option<Workload> {
+        let info = self.holders.process(pid)?.info.as_ref()?;
+        info.workload.clone()
+    }
+}

@@ -1,0 +1,595 @@
+//! Whether a dead process's GPU memory is back on the device, from NVML readings alone.
+//!
+//! A victim's memory is back when NVML no longer lists its pid *and* the device's used memory
+//! has come down by its share. NVML's per-pid list is a coarse clock under load (several
+//! victims can leave it in one reading while their memory leaves over hundreds of
+//! milliseconds), and other processes allocate and free at the same time, so releases are
+//! counted per GPU in a pool: each reading adds the drop in `used` since the previous one,
+//! corrected by what other processes' NVML figures did meanwhile (their allocations hide a
+//! release, their frees fake one), and victims that have left the list are credited from the
+//! pool in the order their own kernel-side release happened.
+//!
+//! A process that imported a victim's memory (CUDA IPC, an exported handle) takes over its
+//! accounting: NVML stops listing the victim, the importer's figure rises and `used` does not
+//! fall. Importers' figures are never counted as corrections, so such memory stays unexplained
+//! until the importer lets go (its figure falls or it exits); the part it holds is a
+//! [`Residual`] of the victim, back when the importer's memory is.
+
+mod imports;
+mod pool;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::event::NvmlGpu;
+
+use pool::Pool;
+use watch::KnownImport;
+pub use watch::{Device, ImportEnd, Residual, Watch};
+
+/// Slack when comparing a drop with a share: the larger of 32 MiB and 1 % of the share (the
+/// device's `used` fell by the NVML figure plus about 6 MB for every release seen on the H200).
+pub fn tolerance(bytes: u64) -> u64 {
+    (32 << 20u64).max(bytes / 100)
+}
+
+/// What a victim's death is to give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Not dead yet: NVML figures are collected.
+    Alive,
+    /// Its own share: NVML's largest figure for it, else its ledger's video bytes.
+    Own { ledger: u64 },
+    /// Its files' memory is another watched victim's (incident id; a forked holder of a dead
+    /// parent's files): back when that one's is.
+    AliasOf(u64),
+    /// No memory of its own: its files stay open in live processes that own the memory.
+    Nothing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareFrom {
+    Nvml,
+    Ledger,
+    /// Neither NVML nor the ledger knows of any memory.
+    None,
+}
+
+impl ShareFrom {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::Ledger => "ledger",
+            Self::None => "none",
+        }
+    }
+}
+
+/// How an importer was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportVia {
+    /// It duplicated one of the victim's objects (RM_DUP_OBJECT: legacy CUDA IPC handles).
+    DupObject,
+    /// It imported objects from an exported file descriptor (RM_CONTROL 0x3d06) after the
+    /// victim exported some (0x3d05).
+    FdImport,
+    /// Only NVML says so: its figure rose as the victim left the list, and no allocation of its
+    /// own explains the rise.
+    Nvml,
+}
+
+/// What linger saw a process do itself, to tell a rise of its NVML figure from an import.
+pub trait OwnUse {
+    /// Video memory `pid` took on through its own driver calls in `[from_ns, to_ns]`.
+    fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64;
+    /// Whether linger first saw `pid` open a GPU file at or after `t_ns`: a new job.
+    fn new_since(&self, pid: u32, t_ns: u64) -> bool;
+    /// Whether driver calls are traced: without them (`--lean`) a rise of NVML's figure for a
+    /// process has nothing to tell an import from the process's own allocation.
+    fn sees_calls(&self) -> bool {
+        true
+    }
+}
+
+/// Without opens: allocations (or their absence) alone.
+impl<F: Fn(u32, u64, u64) -> u64> OwnUse for F {
+    fn taken_on(&self, pid: u32, from_ns: u64, to_ns: u64) -> u64 {
+        self(pid, from_ns, to_ns)
+    }
+
+    fn new_since(&self, _: u32, _: u64) -> bool {
+        false
+    }
+}
+
+/// A change a reading brought.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The victim's own part is back (its share, less what importers hold).
+    OwnBack {
+        key: u64,
+        bytes: u64,
+    },
+    /// Its memory is short although NVML stopped listing it: importers hold this much.
+    Imported {
+        key: u64,
+        residuals: Vec<Residual>,
+    },
+    ResidualBack {
+        key: u64,
+        importer: u32,
+    },
+    /// What an importer only NVML suggested was thought to hold is the victim's own after all:
+    /// the importer's own driver calls explain its rise.
+    Withdrawn {
+        key: u64,
+        importer: u32,
+    },
+}
+
+/// The watches, by a key of the caller's (an incident id: pids are reused).
+#[derive(Default)]
+pub struct MemoryBook {
+    watches: BTreeMap<u64, Watch>,
+    pools: BTreeMap<u32, Pool>,
+    /// The latest reading of each GPU, and when it was taken.
+    last: BTreeMap<u32, (NvmlGpu, u64)>,
+    /// Watches whose memory is another's (`Role::AliasOf`): without any, a finished watch
+    /// goes at once instead of after a pass over every watch (thousands in a kill storm).
+    aliases: usize,
+    /// Importer pid → the watches whose imports by it NVML has not confirmed released.
+    importing: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches with an importer only NVML suggests, not back yet.
+    suspects: BTreeSet<u64>,
+    /// Watches by pid: a reading visits the watches of the processes it lists.
+    by_pid: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches the latest reading of each GPU listed.
+    listed_on: BTreeMap<u32, BTreeSet<u64>>,
+    /// Watches whose listing, figures or imports changed since the caller last asked.
+    touched: BTreeSet<u64>,
+    /// Watches NVML gave a first figure since the caller last asked.
+    figured: BTreeSet<u64>,
+    /// Watches of dead victims with memory of their own (`Role::Own`).
+    own: BTreeSet<u64>,
+}
+
+/// How closely NVML should be read now, least to most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NvmlNeed {
+    /// Nothing awaited.
+    Quiet,
+    /// Teardowns under way whose moment the kernel's release will tell: NVML's account is a
+    /// cross-check, read every few tens of milliseconds.
+    Await,
+    /// A kernel release awaits NVML's word that the pid is gone: a few readings.
+    Confirm,
+    /// A release whose moment only NVML can tell (no ioctl evidence, an import, a process not
+    /// known to hold GPU files): every millisecond.
+    Fast,
+}
+
+/// How long after something that may release memory NVML is read fast.
+pub const ACTIVE_NS: u64 = 2_000_000_000;
+/// How long a process not known to hold GPU files is looked for in NVML's list after its
+/// signal (`--lean`): its teardown, if it had memory, takes over 100 ms.
+const PROBE_NS: u64 = 300_000_000;
+
+/// An allocation may show in NVML's figures this long after its driver call began: the call
+/// waits for the driver's lock while other processes' teardowns hold it.
+const ALLOC_LAG_NS: u64 = 300_000_000;
+/// The records of driver calls can arrive this long after an NVML reading taken later: until
+/// then a rise not yet explained by its process's own calls is only a suspicion.
+pub const VERIFY_NS: u64 = 500_000_000;
+/// A reading confirms an importer's release when taken at least this long after it (NVML's
+/// readings queue behind the driver during teardowns).
+const CONFIRM_AFTER_NS: u64 = 2_000_000;
+
+impl MemoryBook {
+    pub fn watch(&self, key: u64) -> Option<&Watch> {
+        self.watches.get(&key)
+    }
+
+    /// When victim `key`'s memory was all back by the kernel's account, once NVML and the
+    /// ledger agree: its own last release (`t_ns`), or the last confirmed release of an import
+    /// of its objects the ledger saw, whichever came later. NVML agrees when a reading at or
+    /// after `t_ns` on each GPU it was listed on (on every GPU, where it never was) no longer
+    /// lists it; an importer only NVML suggests leaves the answer to NVML's account.
+    pub fn confirmed_back(&self, key: u64, t_ns: u64) -> Option<u64> {
+        let w = self.watches.get(&key)?;
+        if !matches!(w.role, Role::Own { .. }) || w.residuals().any(|r| r.via == ImportVia::Nvml) {
+            return None;
+        }
+        let back = w
+            .known_importers
+            .iter()
+            .try_fold(t_ns, |t, i| i.confirmed_ns.map(|c| t.max(c)))?;
+        let read_since = |gpu: &u32| self.last.get(gpu).is_some_and(|(_, at)| *at >= t_ns);
+        let unlisted = if w.devices.is_empty() {
+            !self.last.is_empty() && self.last.keys().all(read_since)
+        } else {
+            w.devices
+                .iter()
+                .all(|(gpu, d)| !d.listed && read_since(gpu))
+        };
+        unlisted.then_some(back)
+    }
+
+    /// Whether every import of victim `key`'s objects the ledger saw has been released by its
+    /// importer (kernel side; NVML's confirmation may be pending).
+    pub fn imports_released(&self, key: u64) -> bool {
+        self.watches
+            .get(&key)
+            .is_none_or(|w| w.known_importers.iter().all(|i| i.released.is_some()))
+    }
+
+    /// Whether the ledger saw another process import objects of victim `key`.
+    pub fn has_known_imports(&self, key: u64) -> bool {
+        self.watches
+            .get(&key)
+            .is_some_and(|w| !w.known_importers.is_empty())
+    }
+
+    /// When the memory of watch `key` was all back, following aliases.
+    pub fn back_ns(&self, key: u64) -> Option<u64> {
+        let w = self.watches.get(&key)?;
+        match w.role {
+            Role::AliasOf(other) if other != key => self.back_ns(other),
+            Role::Own { .. } => w.back_ns(),
+            _ => None,
+        }
+    }
+
+    /// The watch whose memory `key`'s is: its own, or its owner's for an alias.
+    pub fn memory_of(&self, key: u64) -> Option<&Watch> {
+        let w = self.watches.get(&key)?;
+        match w.role {
+            Role::AliasOf(owner) if owner != key => self.memory_of(owner),
+            _ => Some(w),
+        }
+    }
+
+    /// Starts watching `pid` under `key` (a fatal signal reached a GPU holder, or one died).
+    pub fn start(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let w = self.watches.entry(key).or_insert_with(|| Watch {
+            pid,
+            start_ns: t_ns,
+            role: Role::Alive,
+            devices: BTreeMap::new(),
+            done: false,
+            probe: false,
+            kernel_release_ns: None,
+            known_importers: Vec::new(),
+            dead_ns: None,
+            ledger_devices: BTreeMap::new(),
+            last_activity_ns: t_ns,
+            ambiguous: Vec::new(),
+        });
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        self.by_pid.entry(pid).or_default().insert(key);
+        // What NVML said last is the earliest figure it gets, on each GPU that lists it.
+        for (g, _) in self.last.values() {
+            if let Some(p) = g.processes.iter().find(|p| p.pid == pid) {
+                let d = w.devices.entry(g.index).or_default();
+                d.listed = true;
+                if d.max_figure.is_none() && p.used.is_some() {
+                    self.figured.insert(key);
+                }
+                d.max_figure = d.max_figure.max(p.used);
+                self.listed_on.entry(g.index).or_default().insert(key);
+            }
+        }
+    }
+
+    /// The watches NVML gave a first figure since the last call, in key order.
+    pub fn take_figured(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.figured)
+    }
+
+    /// The watches whose listing, figures or imports changed since the last call.
+    pub fn take_touched(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// The watches whose memory is `key`'s (forked holders of its files).
+    pub fn aliases_of(&self, key: u64) -> Vec<u64> {
+        if self.aliases == 0 {
+            return Vec::new();
+        }
+        self.watches
+            .iter()
+            .filter(|(_, w)| w.role == Role::AliasOf(key))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Watches `pid` under `key` in case NVML lists it: with `--lean`, a process killed before
+    /// NVML ever listed it is not known to hold GPU files.
+    pub fn start_probe(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let known = self.watches.contains_key(&key);
+        self.start(key, pid, t_ns);
+        if let (false, Some(w)) = (known, self.watches.get_mut(&key)) {
+            w.probe = w.max_figure().is_none();
+        }
+    }
+
+    /// Something that may release the memory of `key` happened (a holder died or closed).
+    pub fn activity(&mut self, key: u64, t_ns: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        }
+    }
+
+    /// The group died: from now on its share (or another's) is what comes back.
+    pub fn died(&mut self, key: u64, t_ns: u64, role: Role) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
+        self.aliases += usize::from(matches!(role, Role::AliasOf(_)));
+        w.role = role;
+        if matches!(role, Role::Own { .. }) {
+            self.own.insert(key);
+        } else {
+            self.own.remove(&key);
+        }
+        w.dead_ns.get_or_insert(t_ns);
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        // What it held just before, by a reading taken since the signal (an older one may
+        // predate its allocations): frees of its own while it lived are not the death's. An
+        // exit has no signal: the last reading before it is the best there is (on a busy node
+        // the next may come after its memory is back, or list it at 0 mid-teardown).
+        let (pid, since) = (w.pid, w.start_ns);
+        let exit = since >= t_ns;
+        for (g, t) in self.last.values() {
+            let figure = g
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .filter(|_| *t >= since || exit)
+                .map(|p| p.used.unwrap_or(0));
+            match (w.devices.get_mut(&g.index), figure) {
+                (Some(d), _) => d.death_figure = figure,
+                (None, Some(_)) => {
+                    w.devices.entry(g.index).or_default().death_figure = figure;
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    /// Where its ledger saw its video memory at death, by NVML index: it is awaited there
+    /// too on a GPU NVML never listed it on.
+    pub fn placed(&mut self, key: u64, by_gpu: BTreeMap<u32, u64>) {
+        let Some(w) = self
+            .watches
+            .get_mut(&key)
+            .filter(|w| matches!(w.role, Role::Own { .. }))
+        else {
+            return;
+        };
+        for gpu in by_gpu.keys() {
+            w.devices.entry(*gpu).or_default();
+        }
+        w.ledger_devices = by_gpu;
+    }
+
+    pub fn kernel_released(&mut self, key: u64, t_ns: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.kernel_release_ns.get_or_insert(t_ns);
+            w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        }
+    }
+
+    /// The ledger saw `importer` take `bytes` (when known) of the objects of watch `key`,
+    /// through `dups`, its duplicates of them (client, handle).
+    pub fn imported(
+        &mut self,
+        key: u64,
+        importer: u32,
+        bytes: Option<u64>,
+        via: ImportVia,
+        dups: Vec<(u32, u32)>,
+    ) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        if w.known_importers.iter().any(|i| i.importer == importer) {
+            return;
+        }
+        w.known_importers.push(KnownImport {
+            importer,
+            bytes,
+            via,
+            dups,
+            released: None,
+            confirmed_ns: None,
+        });
+        self.importing.entry(importer).or_default().insert(key);
+    }
+
+    /// The imports `pid` holds by the ledger's account, not released yet: (victim key, its
+    /// duplicates of the victim's objects).
+    pub fn imports_held_by(&self, pid: u32) -> Vec<(u64, Vec<(u32, u32)>)> {
+        let Some(keys) = self.importing.get(&pid) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|key| {
+                let i = self.known_import(*key, pid)?;
+                (i.released.is_none() && !i.dups.is_empty()).then(|| (*key, i.dups.clone()))
+            })
+            .collect()
+    }
+
+    fn known_import(&self, key: u64, importer: u32) -> Option<&KnownImport> {
+        let w = self.watches.get(&key)?;
+        w.known_importers.iter().find(|i| i.importer == importer)
+    }
+
+    /// `pid`'s files were released at `t_ns` (its exit): so was whatever it imported.
+    pub fn importer_exited(&mut self, pid: u32, t_ns: u64) {
+        let keys: Vec<u64> = self
+            .importing
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        for key in keys {
+            self.import_released(key, pid, t_ns, ImportEnd::Exit);
+        }
+    }
+
+    /// `pid` freed its duplicates of victim `key`'s objects at `t_ns` and lives on.
+    pub fn import_freed(&mut self, key: u64, pid: u32, t_ns: u64) {
+        let figure = self
+            .last
+            .values()
+            .flat_map(|(g, _)| g.processes.iter().filter(|p| p.pid == pid))
+            .map(|p| p.used.unwrap_or(0))
+            .sum();
+        self.import_released(key, pid, t_ns, ImportEnd::Freed { figure });
+    }
+
+    fn import_released(&mut self, key: u64, importer: u32, t_ns: u64, end: ImportEnd) {
+        let Some(w) = self.watches.get_mut(&key) else {
+            return;
+        };
+        w.last_activity_ns = w.last_activity_ns.max(t_ns);
+        if let Some(i) = w
+            .known_importers
+            .iter_mut()
+            .find(|i| i.importer == importer)
+        {
+            i.released.get_or_insert((t_ns, end));
+        }
+    }
+
+    /// Its incident is done: the watch goes once no alias needs its return any more.
+    pub fn forget(&mut self, key: u64) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.done = true;
+        }
+        if self.aliases == 0 {
+            if self.remove_watch(key).is_some() {
+                self.pools.retain(|_, p| !p.victims.is_empty());
+            }
+            return;
+        }
+        loop {
+            let needed: BTreeSet<u64> = self
+                .watches
+                .values()
+                .filter(|w| !w.done)
+                .filter_map(|w| match w.role {
+                    Role::AliasOf(k) => Some(k),
+                    _ => None,
+                })
+                .collect();
+            let gone: Vec<u64> = self
+                .watches
+                .iter()
+                .filter(|(k, w)| w.done && !needed.contains(k))
+                .map(|(k, _)| *k)
+                .collect();
+            if gone.is_empty() {
+                break;
+            }
+            for k in gone {
+                if let Some(w) = self.remove_watch(k) {
+                    self.aliases -= usize::from(matches!(w.role, Role::AliasOf(_)));
+                }
+            }
+        }
+        self.pools.retain(|_, p| !p.victims.is_empty());
+    }
+
+    /// Stops watching `key`, and drops it from the pools and indexes.
+    fn remove_watch(&mut self, key: u64) -> Option<Watch> {
+        let w = self.watches.remove(&key)?;
+        if let Some(keys) = self.by_pid.get_mut(&w.pid) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.by_pid.remove(&w.pid);
+            }
+        }
+        for keys in self.listed_on.values_mut() {
+            keys.remove(&key);
+        }
+        for pool in self.pools.values_mut() {
+            pool.victims.remove(&key);
+        }
+        for i in &w.known_importers {
+            if let Some(keys) = self.importing.get_mut(&i.importer) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.importing.remove(&i.importer);
+                }
+            }
+        }
+        self.suspects.remove(&key);
+        self.own.remove(&key);
+        self.figured.remove(&key);
+        self.touched.remove(&key);
+        Some(w)
+    }
+
+    /// Whether the latest reading lists `pid` on some GPU.
+    pub fn listed(&self, pid: u32) -> bool {
+        self.last
+            .values()
+            .any(|(g, _)| g.processes.iter().any(|p| p.pid == pid))
+    }
+
+    /// Whether a reading of every GPU was taken after `t_ns`.
+    pub fn read_since(&self, t_ns: u64) -> bool {
+        !self.last.is_empty() && self.last.values().all(|(_, t)| *t > t_ns)
+    }
+
+    /// The watches whose release may be under way: not done, not back by NVML's account, and
+    /// with something that may release memory lately.
+    pub fn awaited(&self, now_ns: u64) -> impl Iterator<Item = (u64, &Watch)> {
+        self.watches.iter().filter_map(move |(key, w)| {
+            let window = if w.probe && w.max_figure().is_none() {
+                PROBE_NS
+            } else {
+                ACTIVE_NS
+            };
+            let awaited = !w.done
+                && w.back_ns().is_none()
+                && now_ns.saturating_sub(w.last_activity_ns) < window;
+            awaited.then_some((*key, w))
+        })
+    }
+
+    /// Feeds one reading of every GPU; returns what it changed. `own` tells a process whose
+    /// figure rose because it allocated from one that took over an import's accounting.
+    pub fn reading(&mut self, t_ns: u64, gpus: &[NvmlGpu], own: impl OwnUse) -> Vec<Change> {
+        let mut changes = Vec::new();
+        self.recheck_suspects(t_ns, &own, &mut changes);
+        for g in gpus {
+            self.note_listing(g);
+            self.open_pool(g, t_ns);
+            if self.pools.contains_key(&g.index) {
+                self.count(g, t_ns, &own, &mut changes);
+            }
+            self.last.insert(g.index, (g.clone(), t_ns));
+        }
+        self.confirm_imports(t_ns, gpus, &mut changes);
+        changes
+    }
+}
+
+/// NVML's figure for `pid` in reading `g`, where it lists it.
+fn figure(g: &NvmlGpu, pid: u32) -> Option<u64> {
+    g.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.used.unwrap_or(0))
+}

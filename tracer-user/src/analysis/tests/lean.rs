@@ -1,0 +1,79 @@
+//! `--lean`: no opens or driver calls traced, NVML and the kernel's release alone.
+
+use crate::analysis::verdict::VerdictKind;
+
+use super::run::{back, verdict, Run, FILE, GIB, MS, SHELL};
+
+#[test]
+fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
+    let mut r = Run::new();
+    r.lean();
+    r.nvml(0.0, GIB / 2, &[]);
+    // No open was seen: the process is not a known holder when it is killed.
+    r.kill(SHELL, 10, 9, 200.0);
+    r.die(10, &[], 200.1, 9);
+    r.nvml(201.0, 5 * GIB / 2, &[(10, 2 * GIB)]);
+    r.nvml(330.0, GIB / 2, &[]);
+    r.zombie_and_reap(10, 331.0);
+    r.tick(400.0);
+    let inc = r.last_of(10);
+    assert_eq!(verdict(inc), VerdictKind::Released);
+    assert_eq!(back(inc), Some(330 * MS));
+    assert!(!inc.unseen.is_empty(), "says what --lean cannot see");
+}
+
+/// `--lean` on a busy GPU: the kernel's release of a victim's files, once NVML no longer lists
+/// it, is its memory's return unless another process's figure rose as it left the list. One
+/// riser alone is an importer; a riser among other rising processes cannot be told from a job
+/// allocating (`incomplete`); a process still starting CUDA (listed at no more than the slack)
+/// imports nothing.
+#[test]
+fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_it() {
+    const CTX: u64 = 518 << 20;
+    const STARTING: u64 = 14 << 20;
+    // (other processes' figures before and as the victim leaves the list; the verdict)
+    type Figures<'a> = &'a [(u32, u64)];
+    let cases: [(Figures, Figures, VerdictKind); 4] = [
+        // A job not listed yet takes 4 GiB as the victim's come back.
+        (&[], &[], VerdictKind::Released),
+        // A job starting CUDA: its rise is its own start.
+        (
+            &[(20, STARTING)],
+            &[(20, CTX + 4 * GIB)],
+            VerdictKind::Released,
+        ),
+        // The only riser, with a context of its own: an importer.
+        (&[(30, CTX)], &[(30, CTX + 4 * GIB)], VerdictKind::Imported),
+        // The same beside a job starting at the same moment: either may be allocating.
+        (
+            &[(20, STARTING), (30, CTX)],
+            &[(20, CTX + 4 * GIB), (30, CTX + 4 * GIB)],
+            VerdictKind::Incomplete,
+        ),
+    ];
+    for (before, after, expected) in cases {
+        let mut r = Run::new();
+        r.lean();
+        let with = |others: &[(u32, u64)], victim: Option<u64>| {
+            let mut v: Vec<(u32, u64)> = others.to_vec();
+            v.extend(victim.map(|b| (10, b)));
+            v
+        };
+        let used = 20 * GIB;
+        r.nvml(0.0, used, &with(before, None));
+        r.holder(10, 0, 100.0);
+        r.nvml(200.0, used, &with(before, Some(CTX + 4 * GIB)));
+        r.kill(SHELL, 10, 9, 300.0);
+        r.die(10, &[FILE], 300.1, 9);
+        r.nvml(301.0, used, &with(before, Some(CTX + 4 * GIB)));
+        r.zombie_and_reap(10, 420.0);
+        // Used memory stays: another job took what came back, or an importer holds it.
+        r.nvml(425.0, used, &with(after, None));
+        r.tick(500.0);
+        let inc = r.last_of(10);
+        assert_eq!(verdict(inc), expected, "{before:?} -> {after:?}: {inc:?}");
+        if expected != VerdictKind::Imported {
+            assert_eq!(back(inc), Some(420 * MS), "the kernel's release, confirmed");
+        }
+    }
+}

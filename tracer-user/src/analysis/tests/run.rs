@@ -1,0 +1,176 @@
+//! The harness: feeds synthetic events to a correlator and keeps what it reported.
+
+use crate::analysis::{
+    correlate::{Correlator, CorrelatorConfig, Output},
+    incident::Incident,
+    verdict::VerdictKind,
+};
+use crate::event::{Event, EventData, FdOp, NvmlGpu, NvmlProcess};
+
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const GIB: u64 = 1 << 30;
+pub(super) const SHELL: u32 = 100;
+pub(super) const FILE: u64 = 0xffff_8880_0000_1000;
+
+/// Feeds events and keeps what the correlator reported.
+pub(super) struct Run {
+    pub(super) c: Correlator,
+    pub(super) out: Vec<Output>,
+}
+
+impl Run {
+    pub(super) fn new() -> Self {
+        Self {
+            c: Correlator::new(CorrelatorConfig {
+                linger_after_ns: 10_000 * MS,
+                ..Default::default()
+            }),
+            out: Vec::new(),
+        }
+    }
+
+    pub(super) fn feed(&mut self, pid: u32, t_ms: f64, data: EventData) {
+        self.feed_tid(pid, pid, t_ms, data);
+    }
+
+    pub(super) fn feed_tid(&mut self, pid: u32, tid: u32, t_ms: f64, data: EventData) {
+        let e = Event {
+            ts_ns: (t_ms * MS as f64) as u64,
+            cpu: 0,
+            pid,
+            tid,
+            data,
+        };
+        self.c.on_event(&e, &mut self.out);
+    }
+
+    /// Tracing under `--lean`: opens are not seen, so any process may hold GPU files.
+    pub(super) fn lean(&mut self) {
+        let strategy = crate::event::Strategy {
+            lean: true,
+            unseen: crate::event::LEAN_UNSEEN.map(String::from).to_vec(),
+            ..Default::default()
+        };
+        self.feed(0, 0.0, EventData::Strategy(strategy));
+    }
+
+    /// Tracing the driver's calls (the default mode's system call tracepoints).
+    pub(super) fn ioctls_traced(&mut self) {
+        let strategy = crate::event::Strategy {
+            hooks: vec!["tracepoint/syscalls/sys_exit_ioctl".into()],
+            ..Default::default()
+        };
+        self.feed(0, 0.0, EventData::Strategy(strategy));
+    }
+
+    pub(super) fn tick(&mut self, t_ms: f64) {
+        self.feed(0, t_ms, EventData::Tick);
+    }
+
+    /// A GPU holder: opened the device (file FILE + n) and NVML lists its allocation.
+    pub(super) fn holder(&mut self, pid: u32, n: u64, t_ms: f64) {
+        self.feed(pid, t_ms, fd(FdOp::Open, 3, FILE + n));
+    }
+
+    pub(super) fn kill(&mut self, sender: u32, target: u32, sig: u32, t_ms: f64) {
+        self.feed(
+            sender,
+            t_ms,
+            EventData::SignalGenerate {
+                sig,
+                code: 0,
+                result: 0,
+                group: true,
+                target_pid: target,
+                target_tid: target,
+                target_threads: 2,
+                sender_comm: "bash".into(),
+                target_comm: "python3".into(),
+            },
+        );
+    }
+
+    /// Group death, the held files walked first, as the kernel records them.
+    pub(super) fn die(&mut self, pid: u32, files: &[u64], t_ms: f64, exit_code: u32) {
+        for (i, f) in files.iter().enumerate() {
+            self.feed(pid, t_ms, fd(FdOp::HeldAtExit, 3 + i as i32, *f));
+        }
+        self.feed(
+            pid,
+            t_ms,
+            EventData::TaskExit {
+                exit_code,
+                group_dead: true,
+                comm: "python3".into(),
+            },
+        );
+    }
+
+    /// SIGCHLD to the parent (zombie), then the parent's reap.
+    pub(super) fn zombie_and_reap(&mut self, pid: u32, t_ms: f64) {
+        self.kill(pid, SHELL, 17, t_ms);
+        self.feed(
+            SHELL,
+            t_ms + 0.05,
+            EventData::Reap {
+                reaped_pid: pid,
+                by_wait: true,
+                comm: "bash".into(),
+            },
+        );
+    }
+
+    pub(super) fn nvml(&mut self, t_ms: f64, used: u64, procs: &[(u32, u64)]) {
+        let gpus = vec![NvmlGpu {
+            index: 0,
+            used,
+            total: 140 * GIB,
+            processes: procs
+                .iter()
+                .map(|&(pid, used)| NvmlProcess {
+                    pid,
+                    used: Some(used),
+                })
+                .collect(),
+        }];
+        self.feed(0, t_ms, EventData::Nvml { gpus });
+    }
+
+    pub(super) fn incidents(&self) -> Vec<&Incident> {
+        self.out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Incident(i) => Some(&**i),
+                Output::Signal(_) | Output::GpuError(_) => None,
+            })
+            .collect()
+    }
+
+    pub(super) fn last_of(&self, pid: u32) -> &Incident {
+        self.incidents()
+            .into_iter()
+            .rev()
+            .find(|i| i.target.pid == pid)
+            .unwrap_or_else(|| panic!("no incident of {pid}: {:?}", self.out))
+    }
+}
+
+pub(super) fn fd(op: FdOp, fd: i32, file: u64) -> EventData {
+    EventData::GpuFd {
+        op,
+        fd,
+        dev: 195 << 20,
+        cloexec: false,
+        truncated: false,
+        file,
+        refcount: 1,
+    }
+}
+
+pub(super) fn verdict(i: &Incident) -> VerdictKind {
+    i.verdict.as_ref().expect("a verdict").kind
+}
+
+pub(super) fn back(i: &Incident) -> Option<u64> {
+    i.gpu.as_ref().and_then(|g| g.t_memory_back_ns)
+}
