@@ -220,3 +220,65 @@ fn an_exit_nvml_reads_next_at_zero_or_gone_gives_back_what_the_reading_before_sh
         assert!(back(inc).is_some(), "{after:?}: {inc:?}");
     }
 }
+
+/// NVML fails on the victim's GPU mid-teardown: the sampler leaves that GPU out of its
+/// readings (source/nvml.rs), so a run of failures is no reading of it, never an empty GPU.
+/// Its memory is not back, by NVML or by the kernel's release NVML is to confirm, until NVML
+/// reads that GPU again.
+#[test]
+fn a_failed_nvml_reading_mid_teardown_never_says_the_memory_is_back() {
+    let gpu = |index: u32, used: u64, procs: &[(u32, u64)]| NvmlGpu {
+        index,
+        used,
+        total: 140 * GIB,
+        processes: procs
+            .iter()
+            .map(|&(pid, used)| NvmlProcess {
+                pid,
+                used: Some(used),
+            })
+            .collect(),
+    };
+    let mut r = Run::new();
+    r.ioctls_traced();
+    let read = |r: &mut Run, t_ms: f64, gpus: Vec<NvmlGpu>| {
+        r.feed(0, t_ms, EventData::Nvml { gpus });
+    };
+    read(
+        &mut r,
+        0.0,
+        vec![gpu(0, GIB / 2, &[]), gpu(1, GIB / 2, &[])],
+    );
+    r.holder(10, 0, 100.0);
+    read(
+        &mut r,
+        200.0,
+        vec![
+            gpu(0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]),
+            gpu(1, GIB / 2, &[]),
+        ],
+    );
+    r.kill(SHELL, 10, 9, 300.0);
+    r.die(10, &[FILE], 300.1, 9);
+    r.zombie_and_reap(10, 420.0);
+    // GPU 0 fails from here on: readings of GPU 1 alone, some with its used memory moving.
+    for (i, t) in [425.0, 450.0, 500.0, 900.0].into_iter().enumerate() {
+        read(&mut r, t, vec![gpu(1, GIB / 2 + i as u64 * GIB, &[])]);
+        r.tick(t + 1.0);
+        assert!(
+            r.incidents().iter().all(|i| back(i).is_none()),
+            "no reading of its GPU since its release: {:?}",
+            r.out
+        );
+    }
+    // NVML answers for GPU 0 again: the kernel's release, confirmed.
+    read(
+        &mut r,
+        950.0,
+        vec![gpu(0, GIB / 2, &[]), gpu(1, GIB / 2, &[])],
+    );
+    r.tick(1000.0);
+    let inc = r.last_of(10);
+    assert_eq!(back(inc), Some(420_000_000));
+    assert_eq!(verdict(inc), VerdictKind::Released);
+}
