@@ -34,26 +34,37 @@ fn doctor_reports_what_this_kernel_allows() {
     if !Path::new("/sys/bus/event_source/devices/kprobe").exists() {
         let kprobe = doctor.hook("kprobe");
         assert_eq!(kprobe["ok"], false, "{report:#}");
-        assert!(text(kprobe, "/detail").contains("CONFIG_KPROBES"), "{report:#}");
+        assert!(
+            text(kprobe, "/detail").contains("CONFIG_KPROBES"),
+            "{report:#}"
+        );
     }
     // The release of GPU files is timed by the first hook type the kernel allowed, and only
     // where neither is allowed does the strategy fall back to stack sampling.
     let (fput, says) = if doctor.allows("fentry") {
-        (Value::from("fentry"), "GPU file release timed exactly by fentry/fexit on __fput")
+        (
+            Value::from("fentry"),
+            "GPU file release timed exactly by fentry/fexit on __fput",
+        )
     } else if doctor.allows("kprobe") {
-        (Value::from("kprobe"), "GPU file release timed exactly by kprobe/kretprobe on __fput")
+        (
+            Value::from("kprobe"),
+            "GPU file release timed exactly by kprobe/kretprobe on __fput",
+        )
     } else {
-        (Value::Null, "driver teardown seen through stack sampling only")
+        (
+            Value::Null,
+            "driver teardown seen through stack sampling only",
+        )
     };
     assert_eq!(report["driver_hooks"]["fput"], fput, "{report:#}");
     assert!(doctor.strategy().contains(says), "{report:#}");
-    // The NVIDIA driver's own functions are hooked only by kprobes, and only where its module
-    // is loaded.
-    let functions = list(report, "/driver_hooks/driver_functions");
-    if !doctor.allows("kprobe") || !doctor.has("nvidia_driver") {
-        assert!(functions.is_empty(), "{report:#}");
-    }
+    // The NVIDIA driver's own functions are hooked only by kprobes.
     if !doctor.allows("kprobe") {
+        assert!(
+            list(report, "/driver_hooks/driver_functions").is_empty(),
+            "{report:#}"
+        );
         assert!(
             list(report, "/driver_hooks/reasons")
                 .iter()

@@ -38,7 +38,11 @@ fn log_xid(line: &str) {
 fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
     require_root();
     let doctor = Doctor::run();
-    assert!(doctor.has("kmsg"), "the test writes the kernel log: {:#}", doctor.0);
+    assert!(
+        doctor.has("kmsg"),
+        "the test writes the kernel log: {:#}",
+        doctor.0
+    );
     let dir = TempDir::new("xid");
     let trace = dir.join("run.trace");
     let live = Live::start([
