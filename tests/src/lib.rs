@@ -22,6 +22,7 @@ use serde_json::Value;
 pub mod accuracy;
 pub mod agent;
 pub mod bench;
+pub mod doctor;
 pub mod fixtures;
 
 /// Longest wait for a line or an exit before the test gives up on a hung child.

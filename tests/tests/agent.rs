@@ -94,6 +94,8 @@ fn prometheus_scrapes_the_lingering_incident_and_sees_it_go() {
     );
     let build = query(prom_port, "linger_build_info");
     assert_eq!(build.len(), 1, "{build:?}");
+    // A declared --gpu-device has no driver behind it, so only the system call tracepoints see
+    // its opens: on every kernel, whatever hooks on the driver or its libraries it allows.
     assert_eq!(build[0]["metric"]["strategy"], "syscalls");
 
     // A parent and its forked child share the device file; the parent is killed.

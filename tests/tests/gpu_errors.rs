@@ -1,6 +1,8 @@
-//! GPU errors from the kernel log, for real: this machine has no NVIDIA driver, so linger reads
-//! the driver's Xid lines from /dev/kmsg; the test writes such lines there (as root), naming a
-//! real process that holds a stand-in GPU file and is then SIGKILLed, and one that survives.
+//! GPU errors from the kernel log, for real: linger reads the driver's Xid lines from /dev/kmsg
+//! wherever it opens (with or without the driver's Xid tracepoint, which names no process); the
+//! test writes such lines there (as root), naming a real process that holds a stand-in GPU file
+//! and is then SIGKILLed, and one that survives. No tracepoint fires for a written line, so each
+//! is reported from the log on any machine.
 
 use std::{
     io::Write,
@@ -9,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use linger_tests::{linger, require_root, text, Live, TempDir};
+use linger_tests::{doctor::Doctor, linger, require_root, text, Live, TempDir};
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
 
@@ -35,6 +37,12 @@ fn log_xid(line: &str) {
 #[test]
 fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
     require_root();
+    let doctor = Doctor::run();
+    assert!(
+        doctor.has("kmsg"),
+        "the test writes the kernel log: {:#}",
+        doctor.0
+    );
     let dir = TempDir::new("xid");
     let trace = dir.join("run.trace");
     let live = Live::start([
@@ -126,4 +134,23 @@ fn an_xid_in_the_kernel_log_goes_to_the_incident_of_the_process_it_names() {
         .map(|r| r["gpu_errors"].clone())
         .collect();
     assert_eq!(replay_errors, live_errors);
+
+    // The recording says where its Xids came from, as the doctor found it here.
+    let events = linger()
+        .args(["replay", "--events"])
+        .arg(&trace)
+        .output()
+        .expect("linger replay --events");
+    assert!(events.status.success(), "{events:?}");
+    let strategy: Value = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
+        .find(|v| v["event"]["data"]["kind"] == "strategy")
+        .map(|v| v["event"]["data"].clone())
+        .expect("the strategy record");
+    assert_eq!(
+        strategy["xid_tracepoint"],
+        doctor.has("xid_tracepoint"),
+        "{strategy:#}"
+    );
 }

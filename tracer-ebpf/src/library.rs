@@ -17,8 +17,12 @@ use crate::{
     ioctl,
 };
 
-/// `syscall(SYS_ioctl, fd, cmd, arg)`: how libnvidia-ml issues its ioctls (x86_64 number).
+/// `syscall(SYS_ioctl, fd, cmd, arg)`: how libnvidia-ml issues its ioctls (x86_64's number;
+/// arm64 has the generic table's).
+#[cfg(not(bpf_target_arch = "aarch64"))]
 const SYS_IOCTL: u64 = 16;
+#[cfg(bpf_target_arch = "aarch64")]
+const SYS_IOCTL: u64 = 29;
 
 #[derive(Clone, Copy)]
 struct Call {

@@ -6,10 +6,14 @@ use aya_ebpf::helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_tas
 
 use crate::task::{stack_regs, Task};
 
-/// x86_64 `struct pt_regs` (a fixed ABI): the first three system call arguments.
-const DI: usize = 112;
-const SI: usize = 104;
-const DX: usize = 96;
+/// Where `struct pt_regs` (a fixed ABI per architecture) keeps the first three system call
+/// arguments at the call's exit. x86_64: di, si, dx.
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const ARGS: [usize; 3] = [112, 104, 96];
+/// arm64: x0 holds the return value by then, so the first argument is `orig_x0` (after
+/// regs[31], sp, pc and pstate); the others are regs[1] and regs[2].
+#[cfg(bpf_target_arch = "aarch64")]
+const ARGS: [usize; 3] = [272, 8, 16];
 
 /// The current system call's first three arguments; None when they cannot be read.
 #[inline(always)]
@@ -33,6 +37,6 @@ pub fn syscall_args() -> Option<[u64; 3]> {
             return None;
         }
         let arg = |off: usize| bpf_probe_read_kernel(regs.add(off) as *const u64).ok();
-        Some([arg(DI)?, arg(SI)?, arg(DX)?])
+        Some([arg(ARGS[0])?, arg(ARGS[1])?, arg(ARGS[2])?])
     }
 }

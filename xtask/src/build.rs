@@ -2,7 +2,7 @@
 
 use std::{env, path::PathBuf, process::Command};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 
 use crate::setup;
 
@@ -36,6 +36,35 @@ pub fn linger() -> Result<PathBuf> {
         "linger",
     ]))?;
     Ok(workspace_root().join("target/release/linger"))
+}
+
+/// Builds the integration test binary tests/tests/NAME.rs and returns its path (cargo names
+/// it by a hash of its build, which only cargo's own report tells).
+pub fn integration_test(name: &str) -> Result<PathBuf> {
+    let out = cargo()?
+        .args([
+            "test",
+            "--locked",
+            "--release",
+            "--package",
+            "linger-tests",
+            "--no-run",
+            "--message-format=json",
+            "--test",
+            name,
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the {name} test failed: {}", out.status);
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo built no {name} test binary"))
 }
 
 /// Builds one program of the linger-tests package and returns its path.

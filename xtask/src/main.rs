@@ -3,6 +3,7 @@
 mod bench;
 mod budget;
 mod build;
+mod cross;
 mod kubectl;
 mod lint;
 mod setup;
@@ -23,8 +24,11 @@ enum Command {
     /// Install or check the pinned nightly (tracer-user/ebpf-toolchain.rs) with rust-src and a
     /// bpf-linker built against its LLVM.
     Setup,
-    /// Build the `linger` binary (release).
-    Build,
+    /// Build the `linger` binary (release), for this machine or cross-built for `aarch64`.
+    Build {
+        #[arg(long, value_enum, default_value_t = Arch::Host)]
+        arch: Arch,
+    },
     /// Build, then run linger with the given arguments, e.g. `cargo xtask run -- demo`.
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -53,10 +57,21 @@ enum Command {
     Bench(bench::Args),
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Arch {
+    /// This machine's.
+    Host,
+    /// arm64 (Grace hosts), with Debian's gcc-aarch64-linux-gnu.
+    Aarch64,
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::run().map(|_| ()),
-        Command::Build => build::linger().map(|_| ()),
+        Command::Build { arch: Arch::Host } => build::linger().map(|_| ()),
+        Command::Build {
+            arch: Arch::Aarch64,
+        } => cross::linger().map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Lint => lint::run(),
         Command::Test { args } => {

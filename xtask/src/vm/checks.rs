@@ -3,7 +3,7 @@
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
 //! needs no system call tracepoint (by_driver.rs), nor before or after a driver registers
-//! late (late_driver.rs).
+//! late (late_driver.rs); and the host's integration tests of `HOST_TESTS` pass there.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -27,9 +27,16 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
         ("kprobe", scenario(&guest, "kprobe")),
         ("by-driver", by_driver::check(&guest)),
         ("late-driver", late_driver::check(&guest)),
-    ];
+    ]
+    .map(|(name, result)| (name.to_string(), result));
+    let host_tests = super::HOST_TESTS.iter().map(|name| {
+        (
+            format!("tests/{name}.rs"),
+            guest.succeeded(&format!("test-{name}")),
+        )
+    });
     let mut counts = (0, 0);
-    for (name, result) in results {
+    for (name, result) in results.into_iter().chain(host_tests) {
         match result {
             Ok(()) => {
                 eprintln!("xtask vm: {name} ... ok");

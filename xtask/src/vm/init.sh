@@ -157,5 +157,13 @@ tagged driver-err /tmp/live.err
 say driver-replay-exit $?
 tagged driver-replay-out /tmp/replay.out
 tagged driver-replay-err /tmp/replay.err
+# The host's integration tests that need no GPU (HOST_TESTS in vm.rs), on this kernel, with
+# the stand-in driver loaded.
+for t in /test-*; do
+    name=${t#/test-}
+    LINGER_BIN=/linger $t --test-threads=1 > /tmp/test.out 2>&1
+    say test-$name-exit $?
+    tagged test-$name-err /tmp/test.out
+done
 say done
 poweroff -f
