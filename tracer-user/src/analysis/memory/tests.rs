@@ -1,23 +1,12 @@
 //! The memory book from NVML readings alone.
 
 use super::*;
-use crate::event::NvmlProcess;
+use crate::analysis::tests::run::gpu;
 
 const GIB: u64 = 1 << 30;
 
 fn reading(used: u64, procs: &[(u32, u64)]) -> Vec<NvmlGpu> {
-    vec![NvmlGpu {
-        index: 0,
-        used,
-        total: 140 * GIB,
-        processes: procs
-            .iter()
-            .map(|&(pid, used)| NvmlProcess {
-                pid,
-                used: Some(used),
-            })
-            .collect(),
-    }]
+    vec![gpu(0, used, procs)]
 }
 
 fn own() -> Role {

@@ -6,5 +6,5 @@ mod incidents;
 mod lean;
 mod nvml;
 mod phases;
-mod run;
+pub(super) mod run;
 mod storms;

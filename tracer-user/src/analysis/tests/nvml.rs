@@ -3,7 +3,7 @@
 use crate::analysis::{incident::Source, termination::Mode, verdict::VerdictKind};
 use crate::event::{EventData, NvmlGpu, NvmlProcess};
 
-use super::run::{back, verdict, Run, FILE, GIB, SHELL};
+use super::run::{back, gpu, verdict, Run, FILE, GIB, SHELL};
 
 #[test]
 fn a_kill_before_nvml_ever_listed_the_victim_is_timed_from_the_readings_after_it() {
@@ -227,18 +227,6 @@ fn an_exit_nvml_reads_next_at_zero_or_gone_gives_back_what_the_reading_before_sh
 /// reads that GPU again.
 #[test]
 fn a_failed_nvml_reading_mid_teardown_never_says_the_memory_is_back() {
-    let gpu = |index: u32, used: u64, procs: &[(u32, u64)]| NvmlGpu {
-        index,
-        used,
-        total: 140 * GIB,
-        processes: procs
-            .iter()
-            .map(|&(pid, used)| NvmlProcess {
-                pid,
-                used: Some(used),
-            })
-            .collect(),
-    };
     let mut r = Run::new();
     r.ioctls_traced();
     let read = |r: &mut Run, t_ms: f64, gpus: Vec<NvmlGpu>| {

@@ -121,18 +121,7 @@ impl Run {
     }
 
     pub(super) fn nvml(&mut self, t_ms: f64, used: u64, procs: &[(u32, u64)]) {
-        let gpus = vec![NvmlGpu {
-            index: 0,
-            used,
-            total: 140 * GIB,
-            processes: procs
-                .iter()
-                .map(|&(pid, used)| NvmlProcess {
-                    pid,
-                    used: Some(used),
-                })
-                .collect(),
-        }];
+        let gpus = vec![gpu(0, used, procs)];
         self.feed(0, t_ms, EventData::Nvml { gpus });
     }
 
@@ -173,4 +162,20 @@ pub(super) fn verdict(i: &Incident) -> VerdictKind {
 
 pub(super) fn back(i: &Incident) -> Option<u64> {
     i.gpu.as_ref().and_then(|g| g.t_memory_back_ns)
+}
+
+/// GPU `index`'s part of an NVML reading: its used memory and the figures NVML lists.
+pub(in crate::analysis) fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> NvmlGpu {
+    NvmlGpu {
+        index,
+        used,
+        total: 140 * GIB,
+        processes: procs
+            .iter()
+            .map(|&(pid, used)| NvmlProcess {
+                pid,
+                used: Some(used),
+            })
+            .collect(),
+    }
 }
