@@ -2,8 +2,10 @@
 exited, its incident's verdict, holders and release time, and per minute the agent's CPU per
 kill, its memory, the records lost and the lingering gauge.
 
-usage: check.py DIR      (DIR holds truth.jsonl, metrics.jsonl and state/incidents.jsonl,
-                          or an `incidents` file given with --incidents, e.g. a replay's output)
+usage: check.py DIR [--agent lean]   (DIR holds truth.jsonl, metrics.jsonl and
+        state/incidents.jsonl, or an `incidents` file given with --incidents, e.g. a replay's
+        output; --agent lean: the agent run beside the first (soak.py --beside-lean), whose
+        metrics and log are under DIR/lean/)
 """
 import argparse, json, os, statistics, sys
 
@@ -39,11 +41,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("dir")
     p.add_argument("--incidents")
+    p.add_argument("--agent", help="the subdirectory of an agent run beside the first")
     p.add_argument("--show", type=int, default=5, help="wrong answers shown per kind")
     a = p.parse_args()
     rows = [json.loads(l) for l in open(os.path.join(a.dir, "truth.jsonl"))]
     summary = rows.pop()
-    incidents = last_records(a.incidents or os.path.join(a.dir, "state/incidents.jsonl"))
+    agent_dir = os.path.join(a.dir, a.agent or "")
+    if a.agent == "lean":
+        summary["lean"] = True
+    incidents = last_records(a.incidents or os.path.join(agent_dir, "state/incidents.jsonl"))
     # A harness of an earlier version kept one reap per pid for the whole run: a reused pid's
     # truth is ambiguous there, and such jobs are set aside.
     seen = {}
@@ -98,7 +104,7 @@ def main():
         abs_ms = sorted(abs(e) / 1e6 for e in errors)
         print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
               f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
-    metrics = [json.loads(l) for l in open(os.path.join(a.dir, "metrics.jsonl"))]
+    metrics = [json.loads(l) for l in open(os.path.join(agent_dir, "metrics.jsonl"))]
     metrics = [m for m in metrics if "cpu_s" in m]
     if metrics:
         print("minute  kills  agent CPU s  CPU per kill ms  without --record  RSS MB  lost records  lingering GB")

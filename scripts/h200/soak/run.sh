@@ -4,7 +4,10 @@
 # agent's incident log and stderr) and the recording without the driver controls no rule reads,
 # in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
 # usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
-#        [SMOKE=0] bash scripts/h200/soak/run.sh       (SMOKE=0: no smoke run, for a call's full 10 min)
+#        [SMOKE=0] [BESIDE_LEAN=1] bash scripts/h200/soak/run.sh
+# SMOKE=0: no smoke run, for a call's full 10 min. BESIDE_LEAN=1 (with MODES=default): a --lean
+# agent runs beside the default one on the same churn (soak-lean.tgz, soak-lean.lgr.part-*).
+# TRACES: the modes whose recordings come back (default: all; a call brings back 64 MiB at most).
 set -u
 L=${L:-target/release/linger}
 T=${T:-target/release/linger-trace-trim}
@@ -18,15 +21,22 @@ if [ "${SMOKE:-1}" != 0 ]; then
   fi
   echo "smoke: $(grep -c t_kill_ns "$smoke/truth.jsonl") kills"
 fi
+keep() { case " ${TRACES:-default lean} " in *" $1 "*) return 0 ;; esac; return 1; }
 for mode in $MODES; do
   W=$(mktemp -d)
   flags=""
   [ "$mode" = lean ] && flags="--lean"
+  [ "${BESIDE_LEAN:-0}" = 1 ] && flags="$flags --beside-lean"
   PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$W" $flags --duration "${DURATION:-420}" \
     --workers "${WORKERS:-16}" --rate "${RATE:-6}"
   echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
     "flight recorder $(du -sh "$W/state/flight" 2>/dev/null | cut -f1)"
   "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls
   tar czf "$OUT/soak-$mode.tgz" -C "$W" truth.jsonl metrics.jsonl state/incidents.jsonl agent.err
-  split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
+  keep "$mode" && split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
+  if [ -d "$W/lean" ]; then
+    "$T" "$W/lean/soak.trace" "$W/lean/soak.lgr" --drop-unread-controls
+    tar czf "$OUT/soak-lean.tgz" -C "$W" truth.jsonl lean/metrics.jsonl lean/state/incidents.jsonl lean/agent.err
+    keep lean && split -b 15m "$W/lean/soak.lgr" "$OUT/soak-lean.lgr.part-"
+  fi
 done

@@ -10,9 +10,11 @@ in that process's exit, before its zombie transition). Its own NVML poll says wh
 listed each pid, as a cross-check. Meanwhile it scrapes the agent's /metrics and reads the
 agent's CPU time and memory every second.
 
-usage: soak.py LINGER OUTDIR [--lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
+usage: soak.py LINGER OUTDIR [--lean] [--beside-lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
 writes OUTDIR/truth.jsonl (a line per job, then a summary), OUTDIR/metrics.jsonl (a line a
-second), OUTDIR/state/incidents.jsonl (the agent's log), OUTDIR/soak.trace, OUTDIR/agent.err
+second), OUTDIR/state/incidents.jsonl (the agent's log), OUTDIR/soak.trace, OUTDIR/agent.err.
+--beside-lean runs a second agent, in --lean, beside the first on the same churn: its files
+are under OUTDIR/lean/ (check.py DIR --agent lean), so one run judges both modes.
 """
 import argparse, ctypes, json, os, random, signal, subprocess, sys, threading, time, urllib.request
 
@@ -21,7 +23,6 @@ import pynvml
 HERE = os.path.dirname(os.path.abspath(__file__))
 GIB = 1 << 30
 PR_SET_CHILD_SUBREAPER = 36
-METRICS = "127.0.0.1:9477"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -99,10 +100,11 @@ class Poll(threading.Thread):
 class Scraper(threading.Thread):
     """The agent's /metrics and its CPU time and memory, every second."""
 
-    def __init__(self, agent_pid, out):
+    def __init__(self, agent_pid, out, listen):
         super().__init__(daemon=True)
         self.pid = agent_pid
         self.out = out
+        self.listen = listen
         self.stop = False
         self.kills = 0
 
@@ -123,7 +125,7 @@ class Scraper(threading.Thread):
         row = {"t_ns": boot_ns(), "kills": self.kills, "cpu_s": cpu_s, "rss": rss,
                "threads": threads}
         try:
-            text = urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=2).read().decode()
+            text = urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=2).read().decode()
         except OSError as e:
             row["scrape_error"] = repr(e)
             return row
@@ -177,7 +179,7 @@ def job_kind(rng):
     return "kill"
 
 
-def worker(n, reaper, pace, stop, truth, lock, scraper, max_gib):
+def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
     rng = random.Random(n)
     sizes = [g for g in (1, 2, 4, 8, 16) if g <= max_gib]
     while not stop.is_set():
@@ -211,7 +213,8 @@ def worker(n, reaper, pace, stop, truth, lock, scraper, max_gib):
             rec["t_kill_ns"] = boot_ns()
             os.kill(proc.pid, signal.SIGKILL)
             with lock:
-                scraper.kills += 1
+                for scraper in scrapers:
+                    scraper.kills += 1
         reaps = reaper.wait_for(everyone, 60)
         rec["reaped"] = {str(p): r and r[0] for p, r in reaps.items()}
         rec["status"] = {str(p): r and r[1] for p, r in reaps.items()}
@@ -220,11 +223,33 @@ def worker(n, reaper, pace, stop, truth, lock, scraper, max_gib):
         proc.stdout.close()
 
 
+def start_agent(linger, out, listen, lean):
+    """`linger agent --record` with its files under `out`, once it says it is tracing, and the
+    scraper of its /metrics and CPU time."""
+    # The agent refuses a state directory that does not exist (yet).
+    os.makedirs(os.path.join(out, "state"), mode=0o700, exist_ok=True)
+    err = open(os.path.join(out, "agent.err"), "w")
+    agent = subprocess.Popen(
+        [linger, "agent", "--metrics-listen", listen, "--state-dir",
+         os.path.join(out, "state"), "--record", os.path.join(out, "soak.trace")]
+        + (["--lean"] if lean else []),
+        stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while "tracing" not in open(os.path.join(out, "agent.err")).read():
+        if time.monotonic() > deadline or agent.poll() is not None:
+            raise SystemExit("the agent did not start: " + open(os.path.join(out, "agent.err")).read())
+        time.sleep(0.05)
+    scraper = Scraper(agent.pid, open(os.path.join(out, "metrics.jsonl"), "w"), listen)
+    scraper.start()
+    return agent, scraper
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("linger")
     p.add_argument("out")
     p.add_argument("--lean", action="store_true")
+    p.add_argument("--beside-lean", action="store_true")
     p.add_argument("--duration", type=float, default=480)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rate", type=float, default=6)
@@ -236,28 +261,17 @@ def main():
     poll = Poll()
     idle = poll.reading()[1]
     poll.start()
-    # The agent refuses a state directory that does not exist (yet).
-    os.makedirs(os.path.join(a.out, "state"), mode=0o700, exist_ok=True)
-    err = open(os.path.join(a.out, "agent.err"), "w")
-    agent = subprocess.Popen(
-        [a.linger, "agent", "--metrics-listen", METRICS, "--state-dir",
-         os.path.join(a.out, "state"), "--record", os.path.join(a.out, "soak.trace")]
-        + (["--lean"] if a.lean else []),
-        stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 60
-    while "tracing" not in open(os.path.join(a.out, "agent.err")).read():
-        if time.monotonic() > deadline or agent.poll() is not None:
-            raise SystemExit("the agent did not start: " + open(os.path.join(a.out, "agent.err")).read())
-        time.sleep(0.05)
-    scraper = Scraper(agent.pid, open(os.path.join(a.out, "metrics.jsonl"), "w"))
-    scraper.start()
+    agents = [start_agent(a.linger, a.out, "127.0.0.1:9477", a.lean)]
+    if a.beside_lean:
+        agents.append(start_agent(a.linger, os.path.join(a.out, "lean"), "127.0.0.1:9478", True))
+    scrapers = [s for _, s in agents]
     truth, lock, stop = [], threading.Lock(), threading.Event()
     pace = Pace(a.rate)
     # Every worker's largest job fits beside the others'.
     max_gib = max(1, 128 // a.workers)
     t0 = boot_ns()
     threads = [threading.Thread(target=worker, args=(n, reaper, pace, stop, truth, lock,
-                                                     scraper, max_gib), daemon=True)
+                                                     scrapers, max_gib), daemon=True)
                for n in range(a.workers)]
     for t in threads:
         t.start()
@@ -268,12 +282,15 @@ def main():
     t_end = boot_ns()
     # The last releases, then a few seconds of the agent's gauges after them.
     time.sleep(5)
-    scraper.stop = True
+    for _, scraper in agents:
+        scraper.stop = True
     poll.stop = True
     time.sleep(1.2)
-    agent.send_signal(signal.SIGINT)
-    # The reaper collects the agent too, with its exit status.
-    agent_status = (reaper.wait_for([agent.pid], 120)[agent.pid] or (None, None))[1]
+    for agent, _ in agents:
+        agent.send_signal(signal.SIGINT)
+    # The reaper collects the agents too, with their exit status.
+    statuses = reaper.wait_for([agent.pid for agent, _ in agents], 120)
+    agent_status = (statuses[agents[0][0].pid] or (None, None))[1]
     with open(os.path.join(a.out, "truth.jsonl"), "w") as f:
         for rec in truth:
             for pid in [rec["pid"]] + [h["pid"] for h in rec.get("holders", [])]:
@@ -285,6 +302,7 @@ def main():
                             "used_after": poll.reading()[1], "workers": a.workers,
                             "rate": a.rate, "lean": a.lean,
                             "agent_status": agent_status,
+                            "beside_lean_status": a.beside_lean and (statuses[agents[1][0].pid] or (None, None))[1],
                             "used": poll.used}) + "\n")
 
 
