@@ -78,7 +78,7 @@ impl Correlator {
 
         if c.gpu || dead.is_none() {
             let cx = self.verdict_context(id, &inc, w, log);
-            inc.verdict = verdict::decide(&inc, &cx);
+            inc.verdict = verdict::rules::decide(&inc, &cx);
         }
         let gpu = w.and_then(Watch::gpu);
         let stuck = inc
@@ -103,7 +103,7 @@ impl Correlator {
         inc: &Incident,
         w: Option<&Watch>,
         log: &TeardownLog,
-    ) -> verdict::Context {
+    ) -> verdict::rules::Context {
         let pid = inc.target.pid;
         let now = self.now_ns;
         let asleep = log
@@ -126,7 +126,7 @@ impl Correlator {
             .filter(|&p| p != pid && self.holders.process(p).is_none())
             .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
             .collect();
-        verdict::Context {
+        verdict::rules::Context {
             deferral: log.deferral(&self.stacks),
             asleep,
             unknown_nvml_pids,

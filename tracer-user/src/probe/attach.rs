@@ -355,6 +355,8 @@ mod tests {
     /// the first behind.
     #[test]
     fn a_partial_failure_detaches_what_it_attached() {
+        // A fresh machine mounts no tracefs until linger does.
+        crate::probe::tracefs::ensure_mounted().expect("mounting tracefs (as root)");
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", 4096)
             .load(EBPF_OBJECT)

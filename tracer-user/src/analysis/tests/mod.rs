@@ -8,3 +8,4 @@ mod nvml;
 mod phases;
 pub(super) mod run;
 mod storms;
+mod verdicts;
