@@ -119,9 +119,8 @@ impl Correlator {
             })
             .collect();
         let unknown_nvml_pids = self
-            .nvml
-            .iter()
-            .flatten()
+            .memory
+            .latest()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
             .filter(|&p| p != pid && self.holders.process(p).is_none())
             .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
@@ -140,10 +139,9 @@ impl Correlator {
                 })
                 .unwrap_or_default(),
             // Not listed means something only once NVML was read after its files' release.
-            still_listed: self
-                .nvml
-                .as_ref()
-                .and(w.map(Watch::listed))
+            still_listed: w
+                .map(Watch::listed)
+                .filter(|_| self.memory.nvml())
                 .filter(|listed| {
                     *listed
                         || inc
@@ -297,7 +295,7 @@ impl Correlator {
                     share_from: from.label(),
                     bytes_nvml: w.device_figure(index),
                     nvml_used_before: d.used_before,
-                    t_memory_back_ns: self.nvml.as_ref().and(d.back_ns()),
+                    t_memory_back_ns: d.back_ns().filter(|_| self.memory.nvml()),
                     released_bytes: if own { w.device_released(index) } else { 0 },
                     ..Default::default()
                 });

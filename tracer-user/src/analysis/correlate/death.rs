@@ -18,10 +18,7 @@ impl Correlator {
     fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
         let pid = target.pid;
         target.workload = target.workload.or_else(|| self.workload_of(target.pid));
-        self.next_id += 1;
-        let id = self.next_id;
-        self.alive.insert(target.pid, id);
-        let case = Box::new(Case {
+        let id = self.cases.open(pid, |id| Case {
             inc: Incident::new(id, target, t_ns),
             signals: Vec::new(),
             noticed: 0,
@@ -42,9 +39,7 @@ impl Correlator {
             reported: None,
             stuck_reported: false,
         });
-        self.cases.insert(id, case);
         self.agenda.open(id, t_ns);
-        *self.cases_of_pid.entry(pid).or_default() += 1;
         self.xids.link(pid, None, t_ns);
         id
     }
@@ -59,8 +54,8 @@ impl Correlator {
         discarded: bool,
     ) {
         let pid = target.pid;
-        let id = match self.alive.get(&pid) {
-            Some(&id) => id,
+        let id = match self.cases.of_alive(pid) {
+            Some(id) => id,
             None if self.wanted(pid, &target.comm) => self.open_case(target, t_ns),
             None => return,
         };
@@ -81,7 +76,7 @@ impl Correlator {
     }
 
     pub(super) fn delivered(&mut self, e: &Event, sig: u32, handler: u64) {
-        let Some(&id) = self.alive.get(&e.pid) else {
+        let Some(id) = self.cases.of_alive(e.pid) else {
             return;
         };
         self.agenda.touch(id);
@@ -120,7 +115,7 @@ impl Correlator {
         let held = self.holders.group_died(pid);
         let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         let files = unique_files(held.iter().map(|h| h.file));
-        let id = match self.alive.remove(&pid) {
+        let id = match self.cases.no_longer_alive(pid) {
             Some(id) => Some(id),
             // A GPU holder nobody signalled: its exit is an incident too.
             None if !held.is_empty() && self.wanted(pid, comm) => {
@@ -131,14 +126,14 @@ impl Correlator {
                     workload: None,
                 };
                 let id = self.open_case(target, t_ns);
-                self.alive.remove(&pid);
+                self.cases.no_longer_alive(pid);
                 Some(id)
             }
             None => None,
         };
         if let Some(id) = id {
             self.agenda.touch(id);
-            self.unreaped.insert(pid, id);
+            self.cases.unreaped(pid, id);
             if let Some(c) = self.cases.get_mut(&id) {
                 if c.inc.target.workload.is_none() {
                     c.inc.target.workload = workload;
@@ -176,9 +171,10 @@ impl Correlator {
                     let infos = self.xids.gpus();
                     // The only GPU there is, by NVML's names, or its readings in a trace
                     // recorded before linger named GPUs.
-                    let only = match (infos, self.nvml.as_deref()) {
+                    let read: Vec<u32> = self.memory.latest().map(|g| g.index).collect();
+                    let only = match (infos, read.as_slice()) {
                         ([one], _) => Some(one.index),
-                        ([], Some([one])) => Some(one.index),
+                        ([], [one]) => Some(*one),
                         _ => None,
                     };
                     c.ledger_parts = self.ledger.parts(&files, infos, only);
@@ -187,14 +183,19 @@ impl Correlator {
                     gpu.files = held;
                     c.files = files.clone();
                     c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
-                    for h in &fd_holders {
-                        self.held_for.entry(h.pid).or_default().insert(id);
-                    }
                     c.fd_holders = fd_holders;
                 }
                 if c.gpu {
                     c.inc.gpu.get_or_insert_with(Default::default);
                 }
+            }
+            let others: Vec<u32> = self
+                .cases
+                .get(&id)
+                .map(|c| c.holder_gone.keys().copied().collect())
+                .unwrap_or_default();
+            for holder in others {
+                self.cases.holds_for(holder, id);
             }
             if let Role::AliasOf(owner) = role {
                 // It held those files unseen until now: the owner's holder, found at its death.
@@ -205,11 +206,7 @@ impl Correlator {
             }
         }
         // A holder of other dead processes' files is gone: their memory may be on its way.
-        let watching: Vec<u64> = self
-            .held_for
-            .get(&pid)
-            .map(|ids| ids.iter().copied().collect())
-            .unwrap_or_default();
+        let watching = self.cases.held_by(pid);
         for w in watching {
             self.memory.activity(w, t_ns);
             self.agenda.touch(w);
@@ -228,9 +225,11 @@ impl Correlator {
     fn watch_death(&mut self, id: u64, pid: u32, t_ns: u64, role: Role, files: &[FileId]) {
         self.memory.start(id, pid, t_ns);
         self.memory.died(id, t_ns, role);
-        let placed: BTreeMap<u32, u64> = self.cases[&id]
-            .ledger_parts
+        let placed: BTreeMap<u32, u64> = self
+            .cases
+            .get(&id)
             .iter()
+            .flat_map(|c| &c.ledger_parts)
             .filter_map(|p| Some((p.gpu?, p.bytes)))
             .collect();
         self.memory.placed(id, placed);
@@ -280,7 +279,7 @@ impl Correlator {
 
     /// SIGCHLD from `pid`: it is a zombie, its files released.
     pub(super) fn zombie(&mut self, pid: u32, parent: (u32, String), t_ns: u64) {
-        let Some(&id) = self.unreaped.get(&pid) else {
+        let Some(id) = self.cases.of_unreaped(pid) else {
             // An importer with no case of its own let go with its exit.
             self.memory.importer_exited(pid, t_ns);
             return;
@@ -316,7 +315,7 @@ impl Correlator {
     }
 
     pub(super) fn reaped(&mut self, e: &Event, reaped_pid: u32, by_wait: bool, comm: &str) {
-        let Some(id) = self.unreaped.remove(&reaped_pid) else {
+        let Some(id) = self.cases.reaped(reaped_pid) else {
             self.memory.importer_exited(reaped_pid, e.ts_ns);
             return;
         };
@@ -352,8 +351,6 @@ impl Correlator {
         }
         c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
         c.holder_gone.insert(pid, None);
-        self.agenda.touch(owner);
-        self.held_for.entry(pid).or_default().insert(owner);
         c.fd_holders.push(Holder {
             pid,
             comm: comm.to_string(),
@@ -362,6 +359,8 @@ impl Correlator {
             how: How::Seen { t_ns },
             t_released_ns: None,
         });
+        self.agenda.touch(owner);
+        self.cases.holds_for(pid, owner);
     }
 
     /// A searched process's walk is in: it joins the holders of the dead cases whose files it
@@ -403,11 +402,11 @@ impl Correlator {
                 c.unaccounted = c.unaccounted.min(left);
                 c.holder_gone.entry(pid).or_insert(None);
                 self.agenda.touch(id);
-                self.held_for.entry(pid).or_default().insert(id);
                 match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
                     Some(known) => known.fds = found.fds,
                     None => c.fd_holders.push(found),
                 }
+                self.cases.holds_for(pid, id);
             }
         }
     }
@@ -417,7 +416,7 @@ impl Correlator {
         let now = self.now_ns;
         let mut gone_of: Vec<(u64, u32, u64)> = Vec::new();
         // Only cases with other holders name a holder in `held_for`.
-        let ids: BTreeSet<u64> = self.held_for.values().flatten().copied().collect();
+        let ids: BTreeSet<u64> = self.cases.held_by_others();
         for (id, c) in ids.iter().filter_map(|id| Some((id, self.cases.get(id)?))) {
             if c.holder_gone.values().all(Option::is_some) {
                 continue;

@@ -7,12 +7,14 @@
 //! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
 //! changes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
+mod cases;
 mod death;
 mod release;
 mod report;
 
+use cases::CaseTable;
 use death::sender_of;
 
 use super::{
@@ -30,7 +32,7 @@ use super::{
     teardown::{Stack, TeardownLog},
     termination::SignalSent,
 };
-use crate::event::{Event, EventData, FdOp, NvmlGpu, Workload};
+use crate::event::{Event, EventData, FdOp, Workload};
 use tracer_common::driver;
 
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
@@ -104,7 +106,7 @@ pub(super) struct Reported {
 }
 
 /// One process's way to its death and its memory's return.
-pub(super) struct Case {
+pub(in crate::analysis) struct Case {
     pub inc: Incident,
     pub signals: Vec<SignalSent>,
     /// Signals already reported as survived.
@@ -144,7 +146,6 @@ pub(super) struct Case {
 pub struct Correlator {
     pub(super) config: CorrelatorConfig,
     pub(super) now_ns: u64,
-    next_id: u64,
     /// linger's own process, never an incident.
     self_pid: Option<u32>,
     /// `--lean`: opens are not traced, so a process not known to hold GPU files may.
@@ -154,30 +155,15 @@ pub struct Correlator {
     pub(super) ioctls_traced: bool,
     /// What the strategy could not see, for the incidents of GPU processes.
     pub(super) unseen: Vec<String>,
-    /// Boxed: a B-tree node shifts its entries on every insert and removal, and a case is
-    /// over a kilobyte.
-    pub(super) cases: BTreeMap<u64, Box<Case>>,
-    /// Live processes with a case.
-    alive: IdMap<u32, u64>,
-    /// Dead processes with a case, until reaped.
-    unreaped: IdMap<u32, u64>,
-    /// Holder pid → the cases whose `holder_gone` names it: an exit finds the cases it may
-    /// release without a walk over every case (thousands in a kill storm under `--lean`).
-    held_for: IdMap<u32, BTreeSet<u64>>,
+    /// The open cases and their indexes.
+    pub(super) cases: CaseTable,
     /// Which cases the pass after an event looks at.
     pub(super) agenda: Agenda,
-    /// Dead cases waiting for a reading taken since their death or their files' release:
-    /// the next reading looks at them.
-    await_reading: BTreeSet<u64>,
-    /// Open cases per target pid (a pid may be reused while its old case is open).
-    cases_of_pid: IdMap<u32, usize>,
     pub(super) holders: Holders,
     pub(super) ledger: Ledger,
     pub(super) memory: MemoryBook,
     pub(super) losses: LossLog,
     pub(super) storms: StormLog,
-    /// The latest NVML reading; None until one arrives (no NVML on this machine).
-    pub(super) nvml: Option<Vec<NvmlGpu>>,
     /// Symbolized kernel stacks by id.
     pub(super) stacks: IdMap<i32, Stack>,
     /// Teardown samples by dying process.
@@ -243,7 +229,7 @@ impl Correlator {
                 group_dead,
                 comm,
             } => {
-                if let Some(&id) = self.alive.get(&e.pid) {
+                if let Some(id) = self.cases.of_alive(e.pid) {
                     if let Some(c) = self.cases.get_mut(&id) {
                         c.inc.exits.push(ThreadExit {
                             tid: e.tid,
@@ -348,7 +334,7 @@ impl Correlator {
         if !self.xids.waiting() {
             return;
         }
-        for (id, c) in &self.cases {
+        for (id, c) in self.cases.iter() {
             let gpu = self.memory.watch(*id).and_then(Watch::gpu);
             self.xids.link(c.inc.target.pid, gpu, c.inc.t_signal_ns);
         }
@@ -395,8 +381,6 @@ impl Correlator {
         }
         self.cases.clear();
         self.agenda.clear();
-        self.await_reading.clear();
-        self.cases_of_pid.clear();
         self.gpu_errors(true, out);
     }
 

@@ -67,7 +67,7 @@ impl Correlator {
         };
         let changes = self.memory.reading(t_ns, gpus, seen);
         let mut touched = self.memory.take_touched();
-        touched.append(&mut self.await_reading);
+        touched.append(&mut self.cases.take_awaiting_reading());
         for change in changes {
             match change {
                 Change::Imported { key, residuals } => {
@@ -88,7 +88,7 @@ impl Correlator {
             .flat_map(|k| self.memory.aliases_of(*k))
             .collect();
         for id in touched.into_iter().chain(aliases) {
-            if self.cases.contains_key(&id) {
+            if self.cases.get(&id).is_some() {
                 self.agenda.touch(id);
             }
         }
@@ -96,10 +96,9 @@ impl Correlator {
         // only the cases whose memory's account they changed, those waiting for a reading and
         // those it lists now: a pass over every quiet case after each reading (a millisecond
         // apart while memory is awaited) was most of the collector's work in kill storms.
-        if self.nvml.is_none() {
+        if !self.memory.nvml() {
             self.agenda.touch_all();
         }
-        self.nvml = Some(gpus.to_vec());
         // A process NVML lists is a GPU process, whether or not its files were seen.
         let listed: Vec<(u64, Option<u64>)> = self
             .memory
@@ -128,7 +127,7 @@ impl Correlator {
             end_ns: e.ts_ns,
         };
         // The dying process's own thread, or a driver worker closing one of its files.
-        let owner = if self.teardown.contains_key(&e.pid) || self.alive.contains_key(&e.pid) {
+        let owner = if self.teardown.contains_key(&e.pid) || self.cases.of_alive(e.pid).is_some() {
             Some(e.pid)
         } else {
             self.cases
@@ -140,7 +139,7 @@ impl Correlator {
             self.teardown.entry(owner).or_default().calls.push(span);
         }
         if func == DriverFunc::Fput {
-            if let Some(&id) = self.unreaped.get(&e.pid) {
+            if let Some(id) = self.cases.of_unreaped(e.pid) {
                 if let Some(c) = self.cases.get_mut(&id) {
                     if c.files.contains(&file) {
                         c.fput_end = c.fput_end.max(Some(e.ts_ns));
@@ -210,7 +209,7 @@ impl Correlator {
             return false;
         }
         let released = self.cases.get(&id).and_then(|c| c.kernel_release);
-        self.nvml.is_some()
+        self.memory.nvml()
             && !w.listed()
             && w.residuals().next().is_none()
             && released.is_some_and(|(t, _)| self.now_ns.saturating_sub(t) >= IN_FLIGHT_NS)
@@ -244,7 +243,7 @@ impl Correlator {
     /// release, or its last other holder's).
     pub(in crate::analysis) fn back(&self, id: u64) -> Option<(u64, Source)> {
         let c = self.cases.get(&id)?;
-        if self.nvml.is_some() {
+        if self.memory.nvml() {
             let nvml = self.memory.back_ns(id);
             let confirmed = self.confirmed_release(id, c);
             let imported = self.memory.has_known_imports(id);

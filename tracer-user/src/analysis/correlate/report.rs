@@ -16,7 +16,7 @@ impl Correlator {
                 self.agenda.quiet(id, until);
             }
             if self.awaits_reading(id) {
-                self.await_reading.insert(id);
+                self.cases.await_reading(id);
             }
         }
         self.link_xids();
@@ -94,7 +94,7 @@ impl Correlator {
                 && w.residuals().next().is_none()
         });
         if c.reported.is_none()
-            && self.nvml.is_some()
+            && self.memory.nvml()
             && back.is_none()
             && c.kernel_release.is_some()
             && off_list
@@ -163,7 +163,7 @@ impl Correlator {
                 let held_elsewhere =
                     !c.fd_holders.is_empty() || c.unaccounted > 0 || self.imported(id);
                 // NVML's word on its share comes with the first reading after the death.
-                let read = self.nvml.is_none() || self.memory.read_since(dead);
+                let read = !self.memory.nvml() || self.memory.read_since(dead);
                 let due = (settled && reaped)
                     || ((held_elsewhere || self.unexplained(id))
                         && ((reaped && read) || since_death >= HELD_REPORT_NS))
@@ -239,31 +239,10 @@ impl Correlator {
         if let Some(t) = self.teardown_of(id) {
             self.storms.done(id, t);
         }
-        self.await_reading.remove(&id);
-        if let Some(c) = self.cases.remove(&id) {
-            for holder in c.holder_gone.keys() {
-                if let Some(ids) = self.held_for.get_mut(holder) {
-                    ids.remove(&id);
-                    if ids.is_empty() {
-                        self.held_for.remove(holder);
-                    }
-                }
-            }
-            let pid = c.inc.target.pid;
-            if self.alive.get(&pid) == Some(&id) {
-                self.alive.remove(&pid);
-            }
-            if self.unreaped.get(&pid) == Some(&id) {
-                self.unreaped.remove(&pid);
-            }
+        if let Some((c, last_of_pid)) = self.cases.close(id) {
             self.agenda.close(id, c.inc.t_signal_ns);
-            let left = self.cases_of_pid.get_mut(&pid).map(|n| {
-                *n -= 1;
-                *n
-            });
-            if left == Some(0) {
-                self.cases_of_pid.remove(&pid);
-                self.teardown.remove(&pid);
+            if last_of_pid {
+                self.teardown.remove(&c.inc.target.pid);
             }
             self.memory.forget(id);
         }
@@ -300,7 +279,7 @@ impl Correlator {
         match self.memory.watch(id) {
             Some(w) => match w.role {
                 Role::Nothing => false,
-                Role::Own { .. } if self.nvml.is_some() => {
+                Role::Own { .. } if self.memory.nvml() => {
                     w.share().is_some_and(|(bytes, _)| bytes > 0)
                 }
                 _ => true,

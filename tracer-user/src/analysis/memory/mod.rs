@@ -138,7 +138,9 @@ pub enum Change {
 pub struct MemoryBook {
     watches: BTreeMap<u64, Watch>,
     pools: BTreeMap<u32, Pool>,
-    /// The latest reading of each GPU, and when it was taken.
+    /// A reading arrived: NVML answers on this machine (or did when the trace was recorded).
+    nvml: bool,
+    /// The latest reading of each GPU, and when it was taken: the correlator's one copy.
     last: BTreeMap<u32, (NvmlGpu, u64)>,
     /// Watches whose memory is another's (`Role::AliasOf`): without any, a finished watch
     /// goes at once instead of after a pass over every watch (thousands in a kill storm).
@@ -540,6 +542,16 @@ impl MemoryBook {
         Some(w)
     }
 
+    /// Whether a reading arrived: without one, NVML is missing and the kernel alone tells.
+    pub fn nvml(&self) -> bool {
+        self.nvml
+    }
+
+    /// The latest reading of each GPU read so far.
+    pub fn latest(&self) -> impl Iterator<Item = &NvmlGpu> {
+        self.last.values().map(|(g, _)| g)
+    }
+
     /// Whether the latest reading lists `pid` on some GPU.
     pub fn listed(&self, pid: u32) -> bool {
         self.last
@@ -571,6 +583,7 @@ impl MemoryBook {
     /// Feeds one reading of every GPU; returns what it changed. `own` tells a process whose
     /// figure rose because it allocated from one that took over an import's accounting.
     pub fn reading(&mut self, t_ns: u64, gpus: &[NvmlGpu], own: impl OwnUse) -> Vec<Change> {
+        self.nvml = true;
         let mut changes = Vec::new();
         self.recheck_suspects(t_ns, &own, &mut changes);
         for g in gpus {
