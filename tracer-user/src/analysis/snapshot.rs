@@ -103,7 +103,7 @@ impl Correlator {
         inc: &Incident,
         w: Option<&Watch>,
         log: &TeardownLog,
-    ) -> verdict::rules::Context {
+    ) -> verdict::facts::Context {
         let pid = inc.target.pid;
         let now = self.now_ns;
         let asleep = log
@@ -125,7 +125,7 @@ impl Correlator {
             .filter(|&p| p != pid && self.holders.process(p).is_none())
             .filter(|&p| !self.cases.values().any(|o| o.inc.target.pid == p))
             .collect();
-        verdict::rules::Context {
+        verdict::facts::Context {
             deferral: log.deferral(&self.stacks),
             asleep,
             unknown_nvml_pids,

@@ -2,9 +2,8 @@
 //! or, without driver calls, an import that cannot be told from other jobs' allocations.
 
 use super::{
-    gib,
-    rules::{Context, Facts},
-    Verdict, VerdictKind,
+    facts::{Context, Facts},
+    gib, Verdict, VerdictKind,
 };
 use crate::analysis::{
     holders::{Holder, How},

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+pub mod facts;
 mod held;
 pub mod rules;
 mod undead;

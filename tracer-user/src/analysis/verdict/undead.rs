@@ -1,6 +1,6 @@
 //! The rules of a process that never died: blocked in the driver, or the signal never taken.
 
-use super::{rules::Context, Verdict, VerdictKind};
+use super::{facts::Context, Verdict, VerdictKind};
 use crate::analysis::incident::Incident;
 
 /// The process never died: blocked in the driver, or the signal was never taken.
