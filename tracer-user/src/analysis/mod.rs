@@ -13,7 +13,6 @@ pub mod merge;
 pub mod notice;
 mod references;
 pub mod signals;
-mod snapshot;
 pub mod stats;
 pub mod storm;
 pub mod teardown;

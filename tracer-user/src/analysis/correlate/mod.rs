@@ -13,6 +13,7 @@ mod cases;
 mod death;
 mod release;
 mod report;
+mod snapshot;
 
 use cases::CaseTable;
 use death::sender_of;

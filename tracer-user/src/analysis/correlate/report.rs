@@ -1,10 +1,8 @@
 //! When a case is reported and updated, and when it closes.
 
-use crate::analysis::{
-    memory::Role, notice::SignalNotice, signals::SIGKILL, snapshot, storm::Teardown,
-};
+use crate::analysis::{memory::Role, notice::SignalNotice, signals::SIGKILL, storm::Teardown};
 
-use super::{Case, Correlator, Output, Reported, HELD_REPORT_NS, IN_FLIGHT_NS};
+use super::{snapshot, Case, Correlator, Output, Reported, HELD_REPORT_NS, IN_FLIGHT_NS};
 
 impl Correlator {
     /// Time-based decisions and the reports they make due.

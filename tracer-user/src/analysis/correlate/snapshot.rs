@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tracer_common::driver::dev_minor;
 
-use super::{
-    correlate::{Case, Correlator, Reported},
+use super::{Case, Correlator, Reported};
+use crate::analysis::{
     holders::{HeldFile, Holder, How},
     incident::{ExitStatus, GpuPart, Incident, Source},
     ledger::LedgerPart,
@@ -87,7 +87,7 @@ impl Correlator {
             .is_some_and(|v| v.kind == verdict::VerdictKind::StuckInDriver);
         inc.gpu_errors = self.xids.cited(pid, gpu, inc.t_signal_ns, stuck);
         if !inc.gpu_errors.is_empty() {
-            let story = super::gpu_errors::story(&inc);
+            let story = crate::analysis::gpu_errors::story(&inc);
             if let Some(v) = &mut inc.verdict {
                 v.evidence.insert(0, story);
             }
@@ -326,7 +326,7 @@ impl Correlator {
         // their own: without NVML, or for a GPU it had no memory on).
         for f in files
             .iter()
-            .filter(|f| super::references::is_gpu_node(f.dev))
+            .filter(|f| crate::analysis::references::is_gpu_node(f.dev))
         {
             let minor = dev_minor(f.dev);
             let index = if infos.iter().any(|g| g.minor.is_some()) {
