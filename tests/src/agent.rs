@@ -106,11 +106,16 @@ pub fn prometheus(dir: &Path, config: &str) -> (Guarded, u16) {
     (Guarded(child), port)
 }
 
-/// The `data` of a Prometheus API answer at `path`; Null while it does not answer.
+/// The `data` of a Prometheus API answer at `path`; Null while it does not answer, or
+/// answers 503 as it does between opening its port and loading its storage (seconds on a
+/// busy machine).
 pub fn api(port: u16, path: &str) -> Value {
     let Ok((status, body)) = get(port, path) else {
         return Value::Null;
     };
+    if status.contains(" 503 ") {
+        return Value::Null;
+    }
     assert!(status.contains("200"), "{status}: {body}");
     let v: Value = serde_json::from_str(&body).expect("Prometheus answers JSON");
     v["data"].clone()
