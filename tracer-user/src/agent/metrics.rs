@@ -355,7 +355,7 @@ impl Metrics {
     /// An event of the stream; NVML readings are for [`Metrics::on_reading`].
     pub fn on_event(&mut self, e: &Event) {
         match &e.data {
-            EventData::Loss { count, what } => {
+            EventData::Loss { count, what, .. } => {
                 self.lost
                     .get_or_create(&WhatLabel {
                         what: loss_label(*what).into(),
@@ -529,6 +529,7 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Helpers => "helpers",
         LossKind::Stacks => "stacks",
         LossKind::FdWalk => "fd_walk",
+        LossKind::Calls => "calls",
     }
 }
 

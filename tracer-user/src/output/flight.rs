@@ -31,7 +31,8 @@ use crate::{
     analysis::{verdict::VerdictKind, Incident},
     escape,
     event::{Event, EventData},
-    source::{collect::Tap, procfs},
+    source::procfs,
+    stream::Tap,
     trace::{writer, EndSummary, TraceMeta, TraceReader, TraceWriter, WriterOptions},
 };
 

@@ -9,7 +9,8 @@ use aya::{
         fexit::FExitLinkId,
         kprobe::KProbeLinkId,
         perf_event::{
-            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+            PerfEventConfig, PerfEventLink, PerfEventLinkId, PerfEventScope, SamplePolicy,
+            SoftwareEvent,
         },
         raw_trace_point::RawTracePointLinkId,
         tp_btf::BtfTracePointLinkId,
@@ -309,6 +310,15 @@ pub fn detach(ebpf: &mut Ebpf, link: Link) -> Result<(), ProgramError> {
         (Program::KProbe(p), LinkId::Kprobe(id)) => p.detach(id),
         (Program::UProbe(p), LinkId::Uprobe(id)) => p.detach(id),
         (Program::PerfEvent(p), LinkId::PerfEvent(id)) => p.detach(id),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+}
+
+/// Takes a perf event attachment out of its program: the link returned detaches when dropped.
+pub fn take_perf_event(ebpf: &mut Ebpf, link: Link) -> Result<PerfEventLink, ProgramError> {
+    match (ebpf.program_mut(&link.program), link.id) {
+        (Some(Program::PerfEvent(p)), LinkId::PerfEvent(id)) => p.take_link(id),
+        (None, _) => Err(ProgramError::NotAttached),
         _ => Err(ProgramError::UnexpectedProgramType),
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::event::{HookKind, Strategy};
+use crate::event::{HookKind, Mode, Strategy};
 
 #[derive(Debug, Serialize)]
 pub struct Question {
@@ -36,27 +36,21 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
     };
     // Where the driver's opens and ioctl entry are hooked, or else the NVIDIA libraries'
     // calls, they replace every system call tracepoint in the default mode.
-    let (by_driver, by_library) = (strategy.by_driver, !strategy.libraries.is_empty());
-    let pick = |driver: &'static str, library: &'static str, syscalls: &'static str| {
-        if by_driver {
-            driver
-        } else if by_library {
-            library
-        } else if strategy.no_driver {
-            NO_DRIVER
-        } else {
-            syscalls
-        }
+    // `--lean` is its own column: the default column is the mode chosen here otherwise.
+    let mode = strategy.mode();
+    let pick = |driver: &'static str, library: &'static str, syscalls: &'static str| match mode {
+        Mode::Driver => driver,
+        Mode::Libraries => library,
+        Mode::NoDriver => NO_DRIVER,
+        Mode::Syscalls | Mode::Lean => syscalls,
     };
     // The cost column: with no driver, nothing is attached for the GPU questions.
-    let pick_cost = |driver, library, syscalls| {
-        if strategy.no_driver && !by_driver && !by_library {
-            "none: no hook attached"
-        } else {
-            pick(driver, library, syscalls)
-        }
+    let pick_cost = |driver, library, syscalls| match mode {
+        Mode::NoDriver => "none: no hook attached",
+        _ => pick(driver, library, syscalls),
     };
-    let reaping_cost = if by_driver || by_library || strategy.no_driver {
+    let no_syscall_hooks = matches!(mode, Mode::Driver | Mode::Libraries | Mode::NoDriver);
+    let reaping_cost = if no_syscall_hooks {
         "fires once per process"
     } else {
         "a system call tracepoint: every system call of every process takes the slow path \
@@ -89,7 +83,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "reaping",
-            if by_driver || by_library || strategy.no_driver {
+            if no_syscall_hooks {
                 REAP_BOUNDED
             } else {
                 "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \

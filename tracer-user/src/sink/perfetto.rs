@@ -166,7 +166,7 @@ impl<W: Write> ChromeTrace<W> {
             EventData::Reap { reaped_pid, .. } => {
                 self.instant("reap", pid, tid, e.ts_ns, json!({"reaped_pid": reaped_pid}))
             }
-            EventData::Loss { count, what } => self.write(&TraceEvent {
+            EventData::Loss { count, what, .. } => self.write(&TraceEvent {
                 name: "kernel lost records",
                 cat: "loss",
                 ph: "i",
