@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 
-use super::Config;
+use super::config::Config;
 use crate::{
     clock::{boottime_ns, WallAnchor},
     escape,

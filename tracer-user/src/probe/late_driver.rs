@@ -4,8 +4,8 @@
 use super::{
     attach,
     devices::{self, GpuDevices},
+    load::Probes,
     strategy::{self, Wanted},
-    Probes,
 };
 use crate::{
     error::Result,

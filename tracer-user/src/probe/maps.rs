@@ -3,7 +3,7 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
 
-use super::{devices::GpuDevices, Probes};
+use super::{devices::GpuDevices, load::Probes};
 use crate::error::{ObjectError, Result};
 
 impl Probes {

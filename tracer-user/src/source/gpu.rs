@@ -272,7 +272,7 @@ impl GpuSources {
     }
 
     /// A reader of the processes holding GPU files now, as at start (for checkpoints).
-    pub fn snapshotter(&self) -> crate::output::Snapshot {
+    pub fn snapshotter(&self) -> procfs::Snapshot {
         let (devices, how) = (self.devices.clone(), self.how.clone());
         Box::new(move || procfs::snapshot(&devices, &how))
     }
