@@ -605,3 +605,32 @@ pub struct NvmlProcess {
     /// None when NVML cannot tell (some modes hide per-process usage).
     pub used: Option<u64>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mode a strategy enters is the mode its recorded flags read back, with what it
+    /// leaves unseen.
+    #[test]
+    fn a_mode_entered_reads_back_from_the_flags() {
+        for mode in [
+            Mode::Syscalls,
+            Mode::Lean,
+            Mode::Driver,
+            Mode::Libraries,
+            Mode::NoDriver,
+        ] {
+            let mut s = Strategy::default();
+            if mode == Mode::Libraries {
+                s.libraries.push("/usr/lib/libcuda.so.1".into());
+            }
+            s.enter(mode);
+            assert_eq!(s.mode(), mode);
+            assert_eq!(s.unseen.len(), mode.unseen().len());
+            let json = serde_json::to_string(&s).expect("a strategy serializes");
+            let back: Strategy = serde_json::from_str(&json).expect("and reads back");
+            assert_eq!(back.mode(), mode, "{mode:?} did not survive a recording");
+        }
+    }
+}

@@ -54,3 +54,35 @@ impl LossLog {
         self.reports.retain(|r| r.t_ns >= before);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn loss(t_ns: u64, count: u64, period_ns: u64) -> Event {
+        Event::collector(
+            t_ns,
+            EventData::Loss {
+                count,
+                what: LossKind::Holders,
+                period_ns,
+            },
+        )
+    }
+
+    /// A report covers its own period before it: a longer period reaches further back.
+    #[test]
+    fn a_report_counts_for_the_period_it_carries() {
+        let mut log = LossLog::default();
+        log.on_event(&loss(10 * S, 3, S));
+        log.on_event(&loss(20 * S, 5, 4 * S));
+        let counts = |from, to| log.between(from, to).iter().map(|l| l.count).sum::<u64>();
+        // Each report reaches back its own period from when it was made.
+        assert_eq!(counts(10 * S + S / 2, 10 * S + S / 2), 3);
+        assert_eq!(counts(11 * S + S / 2, 11 * S + S / 2), 0);
+        assert_eq!(counts(23 * S, 23 * S), 5);
+        assert_eq!(counts(25 * S, 25 * S), 0);
+    }
+}

@@ -324,7 +324,7 @@ pub fn take_perf_event(ebpf: &mut Ebpf, link: Link) -> Result<PerfEventLink, Pro
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::fs;
 
     use aya::{programs::trace_point::TracePointError, EbpfLoader};
@@ -333,7 +333,7 @@ mod tests {
     use crate::probe::EBPF_OBJECT;
 
     /// Open perf events and BPF links: what an attachment is made of.
-    fn link_fds() -> usize {
+    pub(in crate::probe) fn link_fds() -> usize {
         fs::read_dir("/proc/self/fd")
             .expect("/proc/self/fd")
             .filter_map(|e| fs::read_link(e.ok()?.path()).ok())

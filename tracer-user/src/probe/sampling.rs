@@ -72,3 +72,31 @@ impl Sampler {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use aya::EbpfLoader;
+
+    use super::*;
+    use crate::probe::{attach::tests::link_fds, EBPF_OBJECT};
+
+    /// Loads the real program: turning the sampler on opens a perf event on every CPU,
+    /// dropping it closes them all.
+    #[test]
+    fn dropping_the_sampler_detaches_its_perf_events() {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", 4096)
+            .load(EBPF_OBJECT)
+            .expect("loading the object (as root)");
+        let before = link_fds();
+        let mut sampler = Sampler::load(&mut ebpf, 99).expect("loading the sampler");
+        sampler.set(&mut ebpf, true).expect("attaching the sampler");
+        assert!(sampler.is_on());
+        assert!(
+            link_fds() >= before + sampler.cpus.len(),
+            "no perf event opened"
+        );
+        drop(sampler);
+        assert_eq!(link_fds(), before, "the sampler's perf events outlived it");
+    }
+}
