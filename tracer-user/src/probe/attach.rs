@@ -332,6 +332,14 @@ pub(super) mod tests {
     use super::*;
     use crate::probe::EBPF_OBJECT;
 
+    /// The real object, with a one-page ring, loaded into the running kernel (as root).
+    pub(in crate::probe) fn loaded_object() -> Ebpf {
+        EbpfLoader::new()
+            .map_max_entries("EVENTS", 4096)
+            .load(EBPF_OBJECT)
+            .expect("loading the object (as root)")
+    }
+
     /// Open perf events and BPF links: what an attachment is made of.
     pub(in crate::probe) fn link_fds() -> usize {
         fs::read_dir("/proc/self/fd")
@@ -365,10 +373,7 @@ pub(super) mod tests {
     /// the first behind.
     #[test]
     fn a_partial_failure_detaches_what_it_attached() {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", 4096)
-            .load(EBPF_OBJECT)
-            .expect("loading the object (as root)");
+        let mut ebpf = loaded_object();
         let before = link_fds();
         let exit = Hook::Tracepoint {
             category: "sched",

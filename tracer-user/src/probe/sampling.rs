@@ -75,19 +75,14 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
-    use aya::EbpfLoader;
-
     use super::*;
-    use crate::probe::{attach::tests::link_fds, EBPF_OBJECT};
+    use crate::probe::attach::tests::{link_fds, loaded_object};
 
     /// Loads the real program: turning the sampler on opens a perf event on every CPU,
     /// dropping it closes them all.
     #[test]
     fn dropping_the_sampler_detaches_its_perf_events() {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", 4096)
-            .load(EBPF_OBJECT)
-            .expect("loading the object (as root)");
+        let mut ebpf = loaded_object();
         let before = link_fds();
         let mut sampler = Sampler::load(&mut ebpf, 99).expect("loading the sampler");
         sampler.set(&mut ebpf, true).expect("attaching the sampler");
