@@ -43,12 +43,13 @@ fn flood_alone() -> MutexGuard<'static, ()> {
 /// Records the ring buffer dropped since the last poll, if any.
 fn ring_loss(source: &mut KernelSource) -> Option<u64> {
     source
-        .poll_losses(boottime_ns())
+        .poll_losses(boottime_ns(), Duration::from_secs(1))
         .into_iter()
         .find_map(|e| match e.data {
             EventData::Loss {
                 count,
                 what: LossKind::Ring,
+                ..
             } => Some(count),
             _ => None,
         })

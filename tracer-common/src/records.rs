@@ -363,6 +363,9 @@ stable_ids! {
         /// A walk of a descriptor table larger than [`FD_WALK_MAX`]: GPU files above it were
         /// not listed.
         FdWalk = 7,
+        /// A driver or library call under way (its entry's arguments or time, kept for its
+        /// return): the call is then not decoded or not timed.
+        Calls = 8,
     }
 }
 

@@ -10,12 +10,12 @@ use aya_ebpf::{
 };
 use tracer_common::{
     driver::{ioc_type, NVIDIA_MAJOR, NV_IOCTL_MAGIC},
-    DriverFunc, FdOp, GpuFd, GpuIoctl, HOOK_KPROBE,
+    DriverFunc, FdOp, GpuFd, GpuIoctl, Loss, HOOK_KPROBE,
 };
 
 use crate::{
     driver_hooks::{exit, file_entry, pending},
-    emit::{current_ids, emit},
+    emit::{count_loss, current_ids, emit},
     files::{add_holder, is_self},
     ioctl::decode_rm,
     task::file_refcount,
@@ -94,7 +94,12 @@ pub fn nvidia_unlocked_ioctl_kprobe(ctx: ProbeContext) -> u32 {
     file_entry(DriverFunc::NvidiaUnlockedIoctl, file, cmd as i64);
     if answers() {
         let arg = ctx.arg::<u64>(2).unwrap_or(0);
-        let _ = IOCTL_ARGS.insert(current_ids().1, [cmd as u64, arg], 0);
+        if IOCTL_ARGS
+            .insert(current_ids().1, [cmd as u64, arg], 0)
+            .is_err()
+        {
+            count_loss(Loss::Calls);
+        }
     }
     0
 }

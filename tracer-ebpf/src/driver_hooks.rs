@@ -8,10 +8,12 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
 };
-use tracer_common::{DriverCall, DriverFunc, CALL_ENTRY, CALL_EXIT, HOOK_FENTRY, HOOK_KPROBE};
+use tracer_common::{
+    DriverCall, DriverFunc, Loss, CALL_ENTRY, CALL_EXIT, HOOK_FENTRY, HOOK_KPROBE,
+};
 
 use crate::{
-    emit::{current_ids, emit_at, now_ns},
+    emit::{count_loss, current_ids, emit_at, now_ns},
     files::is_gpu_dev,
     task::{file_dev, file_private_data},
 };
@@ -49,7 +51,9 @@ pub fn entry(func: DriverFunc, hook: u16, file: u64, dev: u32, value: i64) {
         file,
         dev,
     };
-    let _ = PENDING.insert(key(current_ids().1, func), call, 0);
+    if PENDING.insert(key(current_ids().1, func), call, 0).is_err() {
+        count_loss(Loss::Calls);
+    }
     emit_at::<DriverCall>(call.ts, |e| {
         e.func = func as u32;
         e.phase = CALL_ENTRY;
@@ -133,7 +137,9 @@ pub fn nvidia_close_kprobe(ctx: ProbeContext) -> u32 {
             file,
             dev,
         };
-        let _ = NV_PRIVATE.insert(private, call, 0);
+        if NV_PRIVATE.insert(private, call, 0).is_err() {
+            count_loss(Loss::Calls);
+        }
     }
     entry(DriverFunc::NvidiaClose, HOOK_KPROBE, file, dev, 0);
     0

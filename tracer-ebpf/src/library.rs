@@ -9,10 +9,10 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{FdOp, GpuFd};
+use tracer_common::{FdOp, GpuFd, Loss};
 
 use crate::{
-    emit::{current_ids, emit},
+    emit::{count_loss, current_ids, emit},
     files::{add_holder, installed, is_holder, is_self},
     ioctl,
 };
@@ -42,7 +42,9 @@ fn begin(fd: Option<u64>, cmd: Option<u64>, arg: Option<u64>) {
         return;
     }
     if let (Some(fd), Some(cmd), Some(arg)) = (fd, cmd, arg) {
-        let _ = LIB_IOCTLS.insert(tid, Call { fd, cmd, arg }, 0);
+        if LIB_IOCTLS.insert(tid, Call { fd, cmd, arg }, 0).is_err() {
+            count_loss(Loss::Calls);
+        }
     }
 }
 

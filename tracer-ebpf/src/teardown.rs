@@ -71,7 +71,9 @@ pub fn start_dying(tgid: u32) {
         if DYING.insert(tgid, now_ns(), 0).is_err() {
             count_loss(Loss::Dying);
         }
-        let _ = ONCPU_TAKEN.insert(tgid, 0, 0);
+        if ONCPU_TAKEN.insert(tgid, 0, 0).is_err() {
+            count_loss(Loss::Dying);
+        }
     }
     if let Some(hint) = DYING_HINT.get_ptr_mut(0) {
         // SAFETY: a valid map value; a plain store is atomic for a u32.

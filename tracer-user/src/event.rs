@@ -193,11 +193,14 @@ pub enum EventData {
         gpus: Vec<NvmlGpu>,
     },
     /// The kernel could not record this many things since the last report: records that did
-    /// not fit in the ring buffer, or map inserts that failed (`what`).
+    /// not fit in the ring buffer, or map inserts that failed (`what`). Reports come every
+    /// `period_ns` at most, so a report covers that much time before it.
     Loss {
         count: u64,
         #[serde(default)]
         what: LossKind,
+        #[serde(default = "unrecorded_loss_period")]
+        period_ns: u64,
     },
     /// The kernel's OOM killer chose `pid`; its SIGKILL follows.
     OomVictim {
@@ -269,6 +272,14 @@ pub struct GpuInfo {
     pub minor: Option<u32>,
 }
 
+/// The loss period of recordings made before the loss event carried it: the collector read
+/// the kernel's counters once a second.
+pub const UNRECORDED_LOSS_PERIOD_NS: u64 = 1_000_000_000;
+
+fn unrecorded_loss_period() -> u64 {
+    UNRECORDED_LOSS_PERIOD_NS
+}
+
 /// What the kernel side lost (see `tracer_common::Loss`).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
@@ -293,6 +304,8 @@ pub enum LossKind {
     /// Walks of descriptor tables larger than `tracer_common::FD_WALK_MAX`: GPU files above it
     /// were not listed.
     FdWalk,
+    /// Driver and library calls under way: not decoded or not timed at their return.
+    Calls,
 }
 
 impl LossKind {
@@ -326,6 +339,7 @@ impl From<tracer_common::Loss> for LossKind {
             K::Helpers => Self::Helpers,
             K::Stacks => Self::Stacks,
             K::FdWalk => Self::FdWalk,
+            K::Calls => Self::Calls,
         }
     }
 }
@@ -438,6 +452,68 @@ pub struct Strategy {
     pub xid_tracepoint: bool,
 }
 
+/// How opens, closes and ioctls of GPU files are seen: the strategy's mode. Recorded as the
+/// strategy's flags (`lean`, `by_driver`, `libraries`, `no_driver`), read back by
+/// [`Strategy::mode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// System call tracepoints: the default where nothing cheaper answers.
+    Syscalls,
+    /// `--lean`: no system call tracepoint at all.
+    Lean,
+    /// The driver's own open and ioctl functions (kprobes).
+    Driver,
+    /// Uprobes on the PLT entries of the NVIDIA libraries.
+    Libraries,
+    /// No NVIDIA driver registered yet: nothing attached for GPU files until it comes.
+    NoDriver,
+}
+
+impl Mode {
+    /// What this mode cannot see.
+    pub fn unseen(self) -> &'static [&'static str] {
+        match self {
+            Self::Syscalls => &[],
+            Self::Lean => &LEAN_UNSEEN,
+            Self::Driver => &BY_DRIVER_UNSEEN,
+            Self::Libraries => &BY_LIBRARY_UNSEEN,
+            Self::NoDriver => &NO_DRIVER_UNSEEN,
+        }
+    }
+
+    /// Whether GPU files' opens and closes come from somewhere other than the system calls
+    /// and the driver: holders are then also learnt from NVML and the descriptor walks.
+    pub fn holders_from_nvml(self) -> bool {
+        matches!(self, Self::Lean | Self::Libraries)
+    }
+}
+
+impl Strategy {
+    /// The mode its flags record (the only place they are read as one).
+    pub fn mode(&self) -> Mode {
+        if self.lean {
+            Mode::Lean
+        } else if !self.libraries.is_empty() {
+            Mode::Libraries
+        } else if self.no_driver {
+            Mode::NoDriver
+        } else if self.by_driver {
+            Mode::Driver
+        } else {
+            Mode::Syscalls
+        }
+    }
+
+    /// Records `mode` in the flags, with what it leaves unseen. The libraries of
+    /// [`Mode::Libraries`] are those the library hooks pushed.
+    pub fn enter(&mut self, mode: Mode) {
+        self.lean = mode == Mode::Lean;
+        self.by_driver = mode == Mode::Driver;
+        self.no_driver = mode == Mode::NoDriver;
+        self.unseen = mode.unseen().iter().map(|s| s.to_string()).collect();
+    }
+}
+
 /// What every mode without the `wait4` tracepoint gives up.
 pub const WAIT4_UNSEEN: &str = "wait4: the reaper is the parent the dead process's SIGCHLD went \
      to, and the reap lies between its zombie transition and the kernel freeing the task an RCU \
@@ -528,4 +604,33 @@ pub struct NvmlProcess {
     pub pid: u32,
     /// None when NVML cannot tell (some modes hide per-process usage).
     pub used: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mode a strategy enters is the mode its recorded flags read back, with what it
+    /// leaves unseen.
+    #[test]
+    fn a_mode_entered_reads_back_from_the_flags() {
+        for mode in [
+            Mode::Syscalls,
+            Mode::Lean,
+            Mode::Driver,
+            Mode::Libraries,
+            Mode::NoDriver,
+        ] {
+            let mut s = Strategy::default();
+            if mode == Mode::Libraries {
+                s.libraries.push("/usr/lib/libcuda.so.1".into());
+            }
+            s.enter(mode);
+            assert_eq!(s.mode(), mode);
+            assert_eq!(s.unseen.len(), mode.unseen().len());
+            let json = serde_json::to_string(&s).expect("a strategy serializes");
+            let back: Strategy = serde_json::from_str(&json).expect("and reads back");
+            assert_eq!(back.mode(), mode, "{mode:?} did not survive a recording");
+        }
+    }
 }

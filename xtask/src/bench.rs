@@ -302,24 +302,7 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
         argv.extend_from_slice(extra);
         measure(root, &argv)
     };
-    let threads = plan.storm_threads.to_string();
-    let mut storms = Vec::new();
-    // Quoted as one argument in the commands the report shows.
-    let same_hooks = format!("'{}'", storms::SAME_HOOKS);
-    let syscall_hooks = format!("'{}'", storms::SYSCALL_HOOKS);
-    for &(workload, iterations) in &plan.storm {
-        let mut extra = vec!["--threads", &threads];
-        extra.extend(storms::VARIANTS.iter().flat_map(|v| ["--variant", v]));
-        if workload == "kill-exec" {
-            extra.extend(["--variant", &same_hooks, "--variant", &syscall_hooks]);
-        }
-        storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
-    }
-    for &(workload, iterations) in &plan.storm_pinned {
-        let mut extra = vec!["--threads", &threads, "--pin"];
-        extra.extend(storms::VARIANTS.iter().flat_map(|v| ["--variant", v]));
-        storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
-    }
+    let storms = kill_storms(plan, &storm)?;
     let gpu = ["--gpu-device", GPU_DEVICE];
     let plain_variants: Vec<String> = ioctl::PLAIN_VARIANTS
         .iter()
@@ -328,58 +311,8 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
     let plain_variants: Vec<&str> = plain_variants.iter().map(String::as_str).collect();
     let ioctl = storm("ioctl", plan.ioctls, plan.ioctl_rounds, &plain_variants)?;
     let gpu_ioctl = storm("ioctl-gpu", plan.gpu_ioctls, plan.ioctl_rounds, &gpu)?;
-    let idle = storm(
-        "spin",
-        plan.spin,
-        plan.idle_rounds,
-        &[
-            "--variant",
-            "base",
-            "--variant",
-            "base",
-            "--variant",
-            "live",
-            "--variant",
-            "'live --sample-hz 0'",
-        ],
-    )?;
-    let dying_threads = plan.dying_threads.to_string();
-    let dying = storm(
-        "dying",
-        plan.dying_kills,
-        plan.dying_rounds,
-        &[
-            "--threads",
-            &dying_threads,
-            "--gpu-device",
-            GPU_DEVICE,
-            "--variant",
-            "base",
-            "--variant",
-            "live",
-            "--variant",
-            "'live --sample-hz 0'",
-        ],
-    )?;
-
-    let ring = "target/release/linger-bench-ring";
-    let sizes: Vec<String> = plan.ring_sizes.iter().map(u32::to_string).collect();
-    let seconds = plan.ring_seconds.to_string();
-    let ring_phase = |phase: &str, rounds: u32, extra: &[&str]| {
-        let rounds = rounds.to_string();
-        let mut argv = vec![ring, "--phase", phase];
-        argv.extend_from_slice(extra);
-        argv.extend_from_slice(&["--seconds", &seconds, "--rounds", &rounds, "--nice", &nice]);
-        measure(root, &argv)
-    };
-    let sweep = ring_phase(
-        "sweep",
-        plan.ring_rounds,
-        &["--ring-sizes", &sizes.join(","), "--rates", plan.rates],
-    )?;
-    let syscall = ring_phase("syscall", plan.syscall_rounds, &[])?;
-    let decode = ring_phase("decode", plan.decode_rounds, &[])?;
-
+    let (idle, dying) = sampling(plan, &storm)?;
+    let (sweep, syscall, decode) = ring(root, plan, &nice)?;
     let trace = measure(
         root,
         &[
@@ -420,6 +353,113 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
         variants.extend(["--variant", v.as_str()]);
     }
     let tax = storm("syscalls", plan.tax_calls, plan.tax_rounds, &variants)?;
+    let (soak, gate) = soak_and_gate(root, plan, &nice)?;
+    Ok(Results {
+        gate,
+        soak,
+        storm: storms,
+        tax,
+        sweep,
+        syscall,
+        decode,
+        ioctl,
+        gpu_ioctl,
+        idle,
+        dying,
+        trace,
+        replay,
+    })
+}
+
+/// Runs the storm benchmark binary with a workload, its iterations and rounds, and more
+/// arguments.
+type Storm<'a> = dyn Fn(&str, u32, u32, &[&str]) -> Result<Measured> + 'a;
+
+/// The kill storms, free and pinned to a CPU.
+fn kill_storms(plan: &Plan, storm: &Storm) -> Result<Vec<Measured>> {
+    let threads = plan.storm_threads.to_string();
+    let mut storms = Vec::new();
+    // Quoted as one argument in the commands the report shows.
+    let same_hooks = format!("'{}'", storms::SAME_HOOKS);
+    let syscall_hooks = format!("'{}'", storms::SYSCALL_HOOKS);
+    for &(workload, iterations) in &plan.storm {
+        let mut extra = vec!["--threads", &threads];
+        extra.extend(storms::VARIANTS.iter().flat_map(|v| ["--variant", v]));
+        if workload == "kill-exec" {
+            extra.extend(["--variant", &same_hooks, "--variant", &syscall_hooks]);
+        }
+        storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
+    }
+    for &(workload, iterations) in &plan.storm_pinned {
+        let mut extra = vec!["--threads", &threads, "--pin"];
+        extra.extend(storms::VARIANTS.iter().flat_map(|v| ["--variant", v]));
+        storms.push(storm(workload, iterations, plan.storm_rounds, &extra)?);
+    }
+    Ok(storms)
+}
+
+/// Idle machines and dying processes, with and without the stack sampler.
+fn sampling(plan: &Plan, storm: &Storm) -> Result<(Measured, Measured)> {
+    let idle = storm(
+        "spin",
+        plan.spin,
+        plan.idle_rounds,
+        &[
+            "--variant",
+            "base",
+            "--variant",
+            "base",
+            "--variant",
+            "live",
+            "--variant",
+            "'live --sample-hz 0'",
+        ],
+    )?;
+    let dying_threads = plan.dying_threads.to_string();
+    let dying = storm(
+        "dying",
+        plan.dying_kills,
+        plan.dying_rounds,
+        &[
+            "--threads",
+            &dying_threads,
+            "--gpu-device",
+            GPU_DEVICE,
+            "--variant",
+            "base",
+            "--variant",
+            "live",
+            "--variant",
+            "'live --sample-hz 0'",
+        ],
+    )?;
+    Ok((idle, dying))
+}
+
+/// The ring buffer: its size against event rates, the system call tax, decoding.
+fn ring(root: &Path, plan: &Plan, nice: &str) -> Result<(Measured, Measured, Measured)> {
+    let ring = "target/release/linger-bench-ring";
+    let sizes: Vec<String> = plan.ring_sizes.iter().map(u32::to_string).collect();
+    let seconds = plan.ring_seconds.to_string();
+    let ring_phase = |phase: &str, rounds: u32, extra: &[&str]| {
+        let rounds = rounds.to_string();
+        let mut argv = vec![ring, "--phase", phase];
+        argv.extend_from_slice(extra);
+        argv.extend_from_slice(&["--seconds", &seconds, "--rounds", &rounds, "--nice", nice]);
+        measure(root, &argv)
+    };
+    let sweep = ring_phase(
+        "sweep",
+        plan.ring_rounds,
+        &["--ring-sizes", &sizes.join(","), "--rates", plan.rates],
+    )?;
+    let syscall = ring_phase("syscall", plan.syscall_rounds, &[])?;
+    let decode = ring_phase("decode", plan.decode_rounds, &[])?;
+    Ok((sweep, syscall, decode))
+}
+
+/// The soak of many kills, and the gate's cost.
+fn soak_and_gate(root: &Path, plan: &Plan, nice: &str) -> Result<(Measured, Measured)> {
     let soak = measure(
         root,
         &[
@@ -429,7 +469,7 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
             "--kills",
             &plan.soak_kills.to_string(),
             "--nice",
-            &nice,
+            nice,
         ],
     )?;
     let gate = measure(
@@ -447,24 +487,10 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
             "--extra",
             &plan.gate_extra.to_string(),
             "--nice",
-            &nice,
+            nice,
         ],
     )?;
-    Ok(Results {
-        gate,
-        soak,
-        storm: storms,
-        tax,
-        sweep,
-        syscall,
-        decode,
-        ioctl,
-        gpu_ioctl,
-        idle,
-        dying,
-        trace,
-        replay,
-    })
+    Ok((soak, gate))
 }
 
 /// Runs one benchmark binary from the workspace root; its stdout is one JSON object. An

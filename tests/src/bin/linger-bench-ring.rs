@@ -44,7 +44,11 @@ use tracer_user::{
     clock::boottime_ns,
     event::{Event, EventData},
     probe::{ProbeConfig, Probes},
-    source::{collect::TICK, decode::decode, kernel::KernelSource},
+    source::{
+        collect::{LOSS_PERIOD, TICK},
+        decode::decode,
+        kernel::KernelSource,
+    },
 };
 
 /// getppid() calls between two looks at the clock.
@@ -425,7 +429,7 @@ fn measure(runtime: &Runtime, source: &mut KernelSource, rate: Rate, seconds: f6
     let mut batch = Vec::with_capacity(1024);
     source.drain(&mut batch);
     batch.clear();
-    let _ = source.poll_losses(boottime_ns());
+    let _ = source.poll_losses(boottime_ns(), LOSS_PERIOD);
     let irq_work0 = irq_work_interrupts();
     let running = Arc::new(AtomicUsize::new(rate.threads as usize));
     let per_thread = rate.per_s.map(|r| r / f64::from(rate.threads));
@@ -530,7 +534,7 @@ async fn consume(
                 finished = running.load(Ordering::Acquire) == 0;
                 let start = Instant::now();
                 source.drain(&mut batch);
-                batch.extend(source.poll_losses(boottime_ns()));
+                batch.extend(source.poll_losses(boottime_ns(), LOSS_PERIOD));
                 start
             }
         };

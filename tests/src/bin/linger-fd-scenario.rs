@@ -54,74 +54,9 @@ fn main() -> Result<()> {
             ready(&[spawn_holder(device)?])?;
             wait_forever(f)
         }
-        // A large program's GPU file: FILLERS descriptors (/dev/null) opened before the
-        // device, as sockets and files are before CUDA starts. Once told to go (a line on
-        // stdin), a child it forks and execs keeps the file.
-        "many-fds" => {
-            let fillers: u64 = rest.first().context("many-fds FILLERS")?.parse()?;
-            let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-            let limit = fillers + 64;
-            setrlimit(Resource::RLIMIT_NOFILE, soft.max(limit), hard.max(limit))?;
-            let fillers = (0..fillers)
-                .map(|_| File::open("/dev/null"))
-                .collect::<std::io::Result<Vec<File>>>()?;
-            let f = open(device, false)?;
-            ready(&[])?;
-            std::io::stdin().read_line(&mut String::new())?;
-            ready(&[spawn_holder(device)?])?;
-            wait_forever((fillers, f))
-        }
-        // The descriptor goes to a process that never inherited or opened it, over a unix
-        // socket (SCM_RIGHTS): no system call a tracepoint sees gives it the file.
-        "send-fd" => {
-            let (mine, theirs) = UnixStream::pair()?;
-            // The receiver's stdin is its end of the socket.
-            let receiver = Command::new(env::current_exe()?)
-                .args([device, "receive"])
-                .stdin(Stdio::from(OwnedFd::from(theirs)))
-                .stdout(Stdio::null())
-                .spawn()
-                .context("spawning the receiver")?;
-            // Opened after the receiver started: it cannot have inherited it.
-            let f = open(device, true)?;
-            let fds = [f.as_raw_fd()];
-            sendmsg::<()>(
-                mine.as_raw_fd(),
-                &[IoSlice::new(b"f")],
-                &[ControlMessage::ScmRights(&fds)],
-                MsgFlags::empty(),
-                None,
-            )?;
-            // Its answer: it has the file.
-            let mut ack = [0u8; 1];
-            (&mine).read_exact(&mut ack)?;
-            ready(&[receiver.id()])?;
-            wait_forever(f)
-        }
-        // The other end of send-fd: keeps what it got, awake now and then like a live process.
-        "receive" => {
-            let socket = std::io::stdin();
-            let mut buf = [0u8; 1];
-            let mut space = nix::cmsg_space!([RawFd; 1]);
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(
-                socket.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::empty(),
-            )?;
-            let mut got = Vec::new();
-            for c in msg.cmsgs()? {
-                if let ControlMessageOwned::ScmRights(fds) = c {
-                    got.extend(fds);
-                }
-            }
-            nix::unistd::write(socket.as_fd(), b"k")?;
-            loop {
-                thread::sleep(Duration::from_millis(100));
-                let _ = &got;
-            }
-        }
+        "many-fds" => many_fds(device, rest),
+        "send-fd" => send_fd(device),
+        "receive" => receive(),
         // Exec keeps the descriptor without O_CLOEXEC and drops the one with it.
         "exec" => {
             let keep = open(device, false)?;
@@ -159,6 +94,77 @@ fn main() -> Result<()> {
             wait_forever(f)
         }
         other => bail!("unknown scenario {other}"),
+    }
+}
+
+/// A large program's GPU file: FILLERS descriptors (/dev/null) opened before the device, as
+/// sockets and files are before CUDA starts. Once told to go (a line on stdin), a child it
+/// forks and execs keeps the file.
+fn many_fds(device: &str, rest: &[String]) -> Result<()> {
+    let fillers: u64 = rest.first().context("many-fds FILLERS")?.parse()?;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let limit = fillers + 64;
+    setrlimit(Resource::RLIMIT_NOFILE, soft.max(limit), hard.max(limit))?;
+    let fillers = (0..fillers)
+        .map(|_| File::open("/dev/null"))
+        .collect::<std::io::Result<Vec<File>>>()?;
+    let f = open(device, false)?;
+    ready(&[])?;
+    std::io::stdin().read_line(&mut String::new())?;
+    ready(&[spawn_holder(device)?])?;
+    wait_forever((fillers, f))
+}
+
+/// The descriptor goes to a process that never inherited or opened it, over a unix socket
+/// (SCM_RIGHTS): no system call a tracepoint sees gives it the file.
+fn send_fd(device: &str) -> Result<()> {
+    let (mine, theirs) = UnixStream::pair()?;
+    // The receiver's stdin is its end of the socket.
+    let receiver = Command::new(env::current_exe()?)
+        .args([device, "receive"])
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::null())
+        .spawn()
+        .context("spawning the receiver")?;
+    // Opened after the receiver started: it cannot have inherited it.
+    let f = open(device, true)?;
+    let fds = [f.as_raw_fd()];
+    sendmsg::<()>(
+        mine.as_raw_fd(),
+        &[IoSlice::new(b"f")],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    // Its answer: it has the file.
+    let mut ack = [0u8; 1];
+    (&mine).read_exact(&mut ack)?;
+    ready(&[receiver.id()])?;
+    wait_forever(f)
+}
+
+/// The other end of send-fd: keeps what it got, awake now and then like a live process.
+fn receive() -> Result<()> {
+    let socket = std::io::stdin();
+    let mut buf = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )?;
+    let mut got = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            got.extend(fds);
+        }
+    }
+    nix::unistd::write(socket.as_fd(), b"k")?;
+    loop {
+        thread::sleep(Duration::from_millis(100));
+        let _ = &got;
     }
 }
 

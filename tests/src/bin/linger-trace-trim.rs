@@ -24,6 +24,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use tracer_user::{
     analysis::ledger::is_unread_control,
+    event::UNRECORDED_LOSS_PERIOD_NS,
     source::decode::decode,
     trace::{
         format::{kind, FILE_HEADER_LEN},
@@ -90,7 +91,14 @@ fn main() -> Result<()> {
                 Record::Processes(p) => record::put(&mut body, kind::PROCESSES, p),
                 Record::End(p) => record::put(&mut body, kind::END, p),
                 Record::Tick { ts_ns } => record::put_tick(&mut body, ts_ns),
-                Record::Loss { ts_ns, count } => record::put_loss(&mut body, ts_ns, count),
+                Record::Loss {
+                    ts_ns,
+                    count,
+                    period_ns,
+                } => {
+                    let period_ns = period_ns.unwrap_or(UNRECORDED_LOSS_PERIOD_NS);
+                    record::put_loss(&mut body, ts_ns, count, period_ns)
+                }
                 Record::Unknown { kind, .. } => bail!("record kind {kind:#x}: not copied"),
             }
             records += 1;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::metrics::MemoryLabels;
+use super::labels::MemoryLabels;
 use crate::analysis::Incident;
 
 /// The lingering memory of one label set.
@@ -116,7 +116,7 @@ impl Lingering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::metrics::GpuLabels;
+    use crate::agent::labels::GpuLabels;
     use crate::analysis::incident::{GpuImpact, GpuPart, Target};
 
     const GIB: u64 = 1 << 30;

@@ -11,7 +11,6 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{
         counter::Counter,
         family::Family,
@@ -19,113 +18,22 @@ use prometheus_client::{
         histogram::{exponential_buckets, Histogram},
         info::Info,
     },
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 
+use super::labels::{
+    BuildLabels, GpuLabels, IncidentLabels, MemoryLabels, PartLabel, TerminationLabels, WhatLabel,
+    WorkloadLabels, XidLabels,
+};
 use super::{
     lingering::{Lingering, Memory},
     node::Host,
 };
 use crate::{
     analysis::{gpu_errors, Incident, Output as Record},
-    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, Workload, XidSource},
+    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
     source::cost::{Cost, Part},
 };
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct IncidentLabels {
-    pub termination: String,
-    pub verdict: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TerminationLabels {
-    pub termination: String,
-}
-
-/// Which GPU of which node, as dcgm-exporter labels it: the labels every GPU-scoped series
-/// carries. Empty where NVML does not list the GPU (or without NVML), but the host.
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-#[expect(
-    non_snake_case,
-    reason = "dcgm-exporter's label names, so PromQL joins with its series"
-)]
-pub struct GpuLabels {
-    /// NVML's index.
-    pub gpu: String,
-    pub UUID: String,
-    pub modelName: String,
-    /// NVML's form, `00000000:3B:00.0`.
-    pub pci_bus_id: String,
-    /// The device file's name, `nvidia3`.
-    pub device: String,
-    #[prometheus(flatten)]
-    pub host: Host,
-}
-
-/// Whom a dead process ran for: the Kubernetes pod (`pod_uid` even where the kubelet's logs
-/// do not name it) or the Slurm job (`hpc_job`, dcgm-exporter's name for it).
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct WorkloadLabels {
-    pub pod: String,
-    pub namespace: String,
-    pub container: String,
-    pub pod_uid: String,
-    pub hpc_job: String,
-}
-
-impl WorkloadLabels {
-    fn of(w: Option<&Workload>) -> Self {
-        let text = |f: fn(&Workload) -> Option<&String>| w.and_then(f).cloned().unwrap_or_default();
-        Self {
-            pod: text(|w| w.pod.as_ref()),
-            namespace: text(|w| w.namespace.as_ref()),
-            container: text(|w| w.container.as_ref()),
-            pod_uid: text(|w| w.pod_uid.as_ref()),
-            hpc_job: w
-                .and_then(|w| w.slurm_job)
-                .map(|j| j.to_string())
-                .unwrap_or_default(),
-        }
-    }
-}
-
-/// Where lingering memory is and whose it was.
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct MemoryLabels {
-    #[prometheus(flatten)]
-    pub gpu: GpuLabels,
-    #[prometheus(flatten)]
-    pub workload: WorkloadLabels,
-    pub verdict: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct XidLabels {
-    #[prometheus(flatten)]
-    pub gpu: GpuLabels,
-    pub xid: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WhatLabel {
-    pub what: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PartLabel {
-    pub part: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
-    #[prometheus(flatten)]
-    pub host: Host,
-    pub version: String,
-    pub driver: String,
-    pub kernel: String,
-    pub strategy: String,
-}
 
 /// Counters of writes that failed, kept by their writers, and of the flight recorder's
 /// incident traces deleted for its byte budget.
@@ -146,6 +54,32 @@ pub struct Build {
 /// Release-time buckets in seconds: 10 ms to about 5.8 min, doubling.
 fn release_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.01, 2.0, 16)
+}
+
+/// Registers `metric` under `name` and hands it back, for the metrics to update.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The counters of failed writes, which their writers keep.
+fn register_writes(registry: &mut Registry, writes: WriteErrors) {
+    registry.register(
+        "linger_log_write_errors",
+        "Incident log lines that could not be written (disk full, unwritable)",
+        writes.log,
+    );
+    registry.register(
+        "linger_flight_recorder_errors",
+        "Flight recorder segments or incident traces that could not be written",
+        writes.flight,
+    );
+    registry.register(
+        "linger_flight_recorder_dropped_traces",
+        "Incident traces the flight recorder deleted, oldest first, to stay within \
+         --flight-max-bytes",
+        writes.flight_dropped,
+    );
 }
 
 pub struct Metrics {
@@ -196,126 +130,103 @@ impl Metrics {
         dead_or_invisible: fn(u32) -> bool,
     ) -> (Self, Registry) {
         let mut registry = Registry::default();
-        let incidents = Family::<IncidentLabels, Counter>::default();
-        registry.register(
-            "linger_incidents",
-            "Process deaths linger reported, by termination mode and first verdict",
-            incidents.clone(),
-        );
-        let release = Family::<TerminationLabels, Histogram>::new_with_constructor(
-            (|| Histogram::new(release_buckets())) as fn() -> Histogram,
-        );
-        registry.register(
-            "linger_release_duration_seconds",
-            "From the fatal signal (or the exit) to the GPU memory back on the device",
-            release.clone(),
-        );
-        let lingering_bytes = Family::<MemoryLabels, Gauge>::default();
-        registry.register(
-            "linger_gpu_memory_lingering_bytes",
-            "GPU memory of dead (or SIGKILLed) processes not back yet, summed over their incidents",
-            lingering_bytes.clone(),
-        );
-        let lingering_incidents = Family::<MemoryLabels, Gauge>::default();
-        registry.register(
-            "linger_lingering_incidents",
-            "Incidents whose GPU memory is not back yet",
-            lingering_incidents.clone(),
-        );
-        let unattributed = Family::<GpuLabels, Gauge>::default();
-        registry.register(
-            "linger_gpu_memory_unattributed_bytes",
-            "GPU memory NVML accounts to pids that are dead or not visible, and that no open \
-             incident explains",
-            unattributed.clone(),
-        );
-        let collateral = Family::<GpuLabels, Counter>::default();
-        registry.register(
-            "linger_collateral_allocations",
-            "Allocations the driver refused other processes while a dead process's memory was held",
-            collateral.clone(),
-        );
-        let gpu_errors = Family::<XidLabels, Counter>::default();
-        registry.register(
-            "linger_gpu_errors",
-            "GPU errors (Xids) the NVIDIA driver reported",
-            gpu_errors.clone(),
-        );
-        let lost = Family::<WhatLabel, Counter>::default();
-        registry.register(
-            "linger_lost_records",
-            "What the kernel side could not record (ring buffer full, maps full)",
-            lost.clone(),
-        );
-        let nvml_errors = Counter::default();
-        registry.register(
-            "linger_nvml_errors",
-            "NVML calls that failed",
-            nvml_errors.clone(),
-        );
-        let nvml_up = Family::<GpuLabels, Gauge>::default();
-        registry.register(
-            "linger_nvml_up",
-            "1 when the last NVML reading of the GPU succeeded, 0 when it failed",
-            nvml_up.clone(),
-        );
-        let cpu = Family::<PartLabel, Counter<f64, AtomicU64>>::default();
-        registry.register(
-            "linger_collector_cpu_seconds",
-            "The agent's own CPU time, by part of its work (ring, record, enrich, stacks, \
-             analysis, companion, search, nvml, nvml_processes, sampler, housekeeping)",
-            cpu.clone(),
-        );
-        registry.register(
-            "linger_log_write_errors",
-            "Incident log lines that could not be written (disk full, unwritable)",
-            writes.log,
-        );
-        registry.register(
-            "linger_flight_recorder_errors",
-            "Flight recorder segments or incident traces that could not be written",
-            writes.flight,
-        );
-        registry.register(
-            "linger_flight_recorder_dropped_traces",
-            "Incident traces the flight recorder deleted, oldest first, to stay within \
-             --flight-max-bytes",
-            writes.flight_dropped,
-        );
-        registry.register(
+        let r = &mut registry;
+        let metrics = Self {
+            incidents: registered(
+                r,
+                "linger_incidents",
+                "Process deaths linger reported, by termination mode and first verdict",
+                Family::default(),
+            ),
+            release: registered(
+                r,
+                "linger_release_duration_seconds",
+                "From the fatal signal (or the exit) to the GPU memory back on the device",
+                Family::new_with_constructor(
+                    (|| Histogram::new(release_buckets())) as fn() -> Histogram,
+                ),
+            ),
+            lingering_bytes: registered(
+                r,
+                "linger_gpu_memory_lingering_bytes",
+                "GPU memory of dead (or SIGKILLed) processes not back yet, summed over their \
+                 incidents",
+                Family::default(),
+            ),
+            lingering_incidents: registered(
+                r,
+                "linger_lingering_incidents",
+                "Incidents whose GPU memory is not back yet",
+                Family::default(),
+            ),
+            unattributed: registered(
+                r,
+                "linger_gpu_memory_unattributed_bytes",
+                "GPU memory NVML accounts to pids that are dead or not visible, and that no open \
+                 incident explains",
+                Family::default(),
+            ),
+            collateral: registered(
+                r,
+                "linger_collateral_allocations",
+                "Allocations the driver refused other processes while a dead process's memory \
+                 was held",
+                Family::default(),
+            ),
+            gpu_errors: registered(
+                r,
+                "linger_gpu_errors",
+                "GPU errors (Xids) the NVIDIA driver reported",
+                Family::default(),
+            ),
+            xid_tracepoint: false,
+            lost: registered(
+                r,
+                "linger_lost_records",
+                "What the kernel side could not record (ring buffer full, maps full)",
+                Family::default(),
+            ),
+            nvml_errors: registered(
+                r,
+                "linger_nvml_errors",
+                "NVML calls that failed",
+                Counter::default(),
+            ),
+            nvml_up: registered(
+                r,
+                "linger_nvml_up",
+                "1 when the last NVML reading of the GPU succeeded, 0 when it failed",
+                Family::default(),
+            ),
+            cpu: registered(
+                r,
+                "linger_collector_cpu_seconds",
+                "The agent's own CPU time, by part of its work (ring, record, enrich, stacks, \
+                 analysis, companion, search, nvml, nvml_processes, sampler, housekeeping)",
+                Family::default(),
+            ),
+            cost,
+            cost_shown: [0; Part::ALL.len()],
+            lingering: Lingering::default(),
+            gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
+            host: host.clone(),
+            nvml_errors_seen: 0,
+            dead_or_invisible,
+            last_reading: Vec::new(),
+            recent_deaths: VecDeque::new(),
+        };
+        register_writes(r, writes);
+        r.register(
             "linger_build",
             "The agent's version, the NVIDIA driver, the kernel and how linger traces here",
             Info::new(BuildLabels {
-                host: host.clone(),
+                host,
                 version: env!("CARGO_PKG_VERSION").into(),
                 driver: build.driver,
                 kernel: build.kernel,
                 strategy: build.strategy,
             }),
         );
-        let metrics = Self {
-            incidents,
-            release,
-            lingering_bytes,
-            lingering_incidents,
-            unattributed,
-            collateral,
-            gpu_errors,
-            xid_tracepoint: false,
-            lost,
-            nvml_errors,
-            nvml_up,
-            cpu,
-            cost,
-            cost_shown: [0; Part::ALL.len()],
-            lingering: Lingering::default(),
-            gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
-            host,
-            nvml_errors_seen: 0,
-            dead_or_invisible,
-            last_reading: Vec::new(),
-            recent_deaths: VecDeque::new(),
-        };
         (metrics, registry)
     }
 
@@ -355,7 +266,7 @@ impl Metrics {
     /// An event of the stream; NVML readings are for [`Metrics::on_reading`].
     pub fn on_event(&mut self, e: &Event) {
         match &e.data {
-            EventData::Loss { count, what } => {
+            EventData::Loss { count, what, .. } => {
                 self.lost
                     .get_or_create(&WhatLabel {
                         what: loss_label(*what).into(),
@@ -529,13 +440,17 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Helpers => "helpers",
         LossKind::Stacks => "stacks",
         LossKind::FdWalk => "fd_walk",
+        LossKind::Calls => "calls",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{agent::node::HostLabel, event::NvmlProcess};
+    use crate::{
+        agent::node::HostLabel,
+        event::{NvmlProcess, Workload},
+    };
 
     fn metrics() -> Metrics {
         let build = Build {

@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use serde::Serialize;
 use tracer_common::driver::{
     self, gpu_id_pci, id_info_of, CTRL_GPU_GET_ID_INFO, NV01_DEVICE_0, NV01_MEMORY_LOCAL_PHYSICAL,
     NV01_MEMORY_LOCAL_PRIVILEGED, NV01_MEMORY_LOCAL_USER, NV01_MEMORY_SYSTEM,
@@ -19,6 +18,7 @@ use tracer_common::driver::{
     NV50_MEMORY_VIRTUAL, NV_MEMORY_FABRIC,
 };
 
+pub use super::incident::{Bytes, ClassTotal, FailedAlloc};
 use super::{gpu_errors, holders::FileId, id_map::IdMap, memory::ImportVia};
 use crate::event::{Event, EventData, GpuInfo};
 
@@ -97,27 +97,6 @@ struct Object {
     device: Option<u32>,
 }
 
-/// Bytes by kind of memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Bytes {
-    /// Physical video memory (classes 0x40 and kin).
-    pub video: u64,
-    /// System memory mapped for the GPU (0x3E).
-    pub system: u64,
-    /// GPU virtual address reservations (0x50A0): not physical memory.
-    pub virtual_reserved: u64,
-}
-
-/// One class's live allocations.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ClassTotal {
-    pub class: String,
-    pub name: &'static str,
-    pub count: u64,
-    pub bytes: u64,
-    pub largest: u64,
-}
-
 /// Video memory the ledger saw on one GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerPart {
@@ -129,16 +108,6 @@ pub struct LedgerPart {
     /// Its PCI address, where the driver named the instance.
     pub pci_bus_id: Option<String>,
     pub bytes: u64,
-}
-
-/// An allocation the driver refused.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct FailedAlloc {
-    pub pid: u32,
-    pub t_ns: u64,
-    pub class: String,
-    pub size: u64,
-    pub status: String,
 }
 
 #[derive(Default)]

@@ -2,6 +2,7 @@
 
 mod agenda;
 pub mod correlate;
+mod demands;
 pub mod gpu_errors;
 pub mod holders;
 mod id_map;
@@ -22,5 +23,6 @@ mod tests;
 pub mod verdict;
 
 pub use correlate::{Correlator, CorrelatorConfig, Output};
+pub use demands::Demands;
 pub use incident::Incident;
 pub use notice::SignalNotice;

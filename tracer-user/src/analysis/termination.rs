@@ -2,8 +2,7 @@
 //! add up to (a plain exit, a stop that succeeded, a kill, a stop escalated to SIGKILL, the
 //! OOM killer, a fault of its own).
 
-use serde::Serialize;
-
+pub use super::incident::{Mode, SignalSent, Termination};
 use super::{
     incident::{Action, ExitStatus, Sender},
     signals::{self, Origin, SIGKILL},
@@ -11,71 +10,6 @@ use super::{
 
 /// Signals whose default action is a fault of the process itself (core dump).
 const FAULT_SIGNALS: [u32; 7] = [4, 5, 6, 7, 8, 11, 31];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// No fatal signal: the process exited on its own (see `exit.status`).
-    Exit,
-    /// It died of, or exited after, a catchable signal another process sent.
-    Term,
-    /// SIGKILL with no catchable signal before it.
-    Kill,
-    /// Catchable signal(s) first, then SIGKILL (`grace_ns` from the first to the SIGKILL).
-    Escalated,
-    /// The kernel's OOM killer chose it.
-    Oom,
-    /// A fault of its own, or a fatal signal it sent itself (as abort() does).
-    Fault,
-}
-
-impl Mode {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Exit => "exit",
-            Self::Term => "term",
-            Self::Kill => "kill",
-            Self::Escalated => "escalated",
-            Self::Oom => "oom",
-            Self::Fault => "fault",
-        }
-    }
-}
-
-/// One fatal signal generated for the process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SignalSent {
-    pub sig: u32,
-    pub name: String,
-    pub origin: Origin,
-    pub si_code: i32,
-    pub sender: Sender,
-    pub t_ns: u64,
-    /// What its delivery did; null when no thread dequeued it (the process died first, or it
-    /// is still pending).
-    pub action: Option<Action>,
-    /// The kernel discarded it at generation (ignored).
-    pub discarded: bool,
-}
-
-impl SignalSent {
-    fn catchable(&self) -> bool {
-        self.sig != SIGKILL
-    }
-
-    /// Sent by the process to itself (abort(), raise(), `kill(0, ...)` in its own group).
-    pub fn self_sent(&self, target: u32) -> bool {
-        self.origin == Origin::User && self.sender.pid == target
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Termination {
-    pub mode: Mode,
-    pub signals: Vec<SignalSent>,
-    /// For `escalated`: from the first catchable signal to the SIGKILL.
-    pub grace_ns: Option<u64>,
-}
 
 /// The mode of a death: `signals` in the order generated, `exit` as the kernel recorded it,
 /// `oom` whether the OOM killer marked the process.

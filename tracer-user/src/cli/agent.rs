@@ -21,20 +21,20 @@ use tracer_user::{
         node::{self, Host, HostLabel},
         self_metrics::SelfMetrics,
         web_config::{self, WebConfig},
+        FlightOptions, FlightRecorder,
     },
     analysis::Output as Record,
     clock::boottime_ns,
-    event::{Event, EventData, Strategy},
-    output::{FlightOptions, FlightRecorder, IncidentLog},
+    event::{Event, EventData, Mode, Strategy},
+    live::{Companion, Live},
+    output::IncidentLog,
     probe::xid,
-    source::{collect::Tap, gpu::GpuSources, nvml, procfs},
+    source::{gpu::GpuSources, nvml, procfs},
+    stream::Tap,
     trace::TraceMeta,
 };
 
-use super::{
-    duration,
-    live::{self, Companion},
-};
+use super::{duration, live};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -123,7 +123,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let reopen = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reopen))
         .context("handling SIGHUP")?;
-    let probes = live::load(&args.live)?;
+    let live = Live::load(live::config(&args.live)?)?;
     let flight = match (&args.state_dir, args.no_flight) {
         (Some(dir), false) => Some(FlightPlan {
             dir: dir.clone(),
@@ -144,7 +144,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 web,
             },
         )),
-        own: Some(SelfMetrics::new(probes.program_fds())),
+        own: Some(SelfMetrics::new(live.probes().program_fds())),
         writes: writes.clone(),
         metrics: None,
         unattributed_at: None,
@@ -159,16 +159,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             let mut log =
                 IncidentLog::open(dir, args.log_max_bytes, args.log_keep, reopen, writes.log)?;
             eprintln!("linger agent: incidents to {}", log.path().display());
-            live::trace(probes, &args.live, ready, &mut log, &mut agent)?;
+            live.run(ready, &mut log, &mut agent)?;
         }
         None => {
-            live::trace(
-                probes,
-                &args.live,
-                ready,
-                &mut std::io::stdout().lock(),
-                &mut agent,
-            )?;
+            live.run(ready, &mut std::io::stdout().lock(), &mut agent)?;
         }
     }
     Ok(())
@@ -317,13 +311,10 @@ impl Companion for Agent {
 }
 
 fn strategy_label(s: &Strategy) -> &'static str {
-    if s.lean {
-        "lean"
-    } else if s.by_driver {
-        "driver"
-    } else if !s.libraries.is_empty() {
-        "libraries"
-    } else {
-        "syscalls"
+    match s.mode() {
+        Mode::Lean => "lean",
+        Mode::Driver => "driver",
+        Mode::Libraries => "libraries",
+        Mode::Syscalls | Mode::NoDriver => "syscalls",
     }
 }

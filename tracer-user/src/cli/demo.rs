@@ -8,6 +8,7 @@ use std::{
 
 use anyhow::{bail, Context};
 use nix::{sys::signal::Signal, unistd::Pid};
+use tracer_user::live::Live;
 
 use super::live;
 
@@ -22,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut live_args = live::Args {
+    let live_args = live::Args {
         duration: Some(Duration::from_secs(10)),
         json: args.json,
         pids: Vec::new(),
@@ -45,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         recording: Default::default(),
     };
     // Attach first, so the child's whole life is seen.
-    let probes = live::load(&live_args)?;
+    let mut live = Live::load(live::config(&live_args)?)?;
     let exe = std::env::current_exe().context("finding linger's own executable")?;
     let mut child = Command::new(exe)
         .args(["__target", "--threads", &args.threads.to_string()])
@@ -62,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "linger demo: started child {pid} with {} threads; sending SIGKILL",
         args.threads
     );
-    live_args.pids = vec![pid];
+    live.analysis_mut().pids = vec![pid];
     // Kill once the collector reads the ring, so a busy machine cannot overflow it first.
     let kill_and_reap = move || {
         std::thread::spawn(move || {
@@ -70,14 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let _ = child.wait();
         });
     };
-    let incidents = live::trace(
-        probes,
-        &live_args,
-        kill_and_reap,
-        &mut std::io::stdout().lock(),
-        &mut (),
-    )?;
-
+    let incidents = live.run(kill_and_reap, &mut std::io::stdout().lock(), &mut ())?;
     if incidents == 0 {
         bail!("no incident seen for the demo child {pid}");
     }

@@ -11,7 +11,6 @@ mod live;
 mod progress;
 mod record;
 mod replay;
-mod report;
 mod stats;
 mod target;
 mod wait;

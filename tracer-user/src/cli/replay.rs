@@ -4,13 +4,15 @@
 use std::{fs::File, path::Path, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use tracer_user::{analysis::CorrelatorConfig, escape, source::replay::Replay, trace::TraceMeta};
-
-use super::{
-    duration,
-    progress::Progress,
-    report::{self, Output, Report},
+use tracer_user::{
+    analysis::CorrelatorConfig,
+    escape,
+    live::report::{self, Output, Report},
+    source::replay::Replay,
+    trace::TraceMeta,
 };
+
+use super::{duration, progress::Progress};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -105,55 +105,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map_err(Error::from)?;
     let reader = nvml::Reader::open();
     let mut notes = Vec::new();
-    let known: Vec<Identity> = match &reader {
-        Ok(r) => r
-            .identities()
-            .into_iter()
-            .map(|(index, uuid, minor)| Identity { index, uuid, minor })
-            .collect(),
-        Err(e) => {
-            notes.push(format!(
-                "NVML is not available ({e}): decided from the GPU files alone (their \
-                 descriptors and memory mappings in /proc); memory the driver still frees \
-                 after the last file closed is not seen"
-            ));
-            gpus::driver_identities(std::path::Path::new("/proc/driver/nvidia/gpus"))
-        }
-    };
+    let known = known_gpus(&reader, &mut notes);
     let discovered = GpuDevices::discover(&args.gpu_devices)?;
     let (gpu_scope, gpus_from) = gpu_scope(&args)?;
-    let (devices, indices, shown, unresolved) = match &gpu_scope {
-        None => (discovered.clone(), None, Vec::new(), Vec::new()),
-        Some(refs) => {
-            let (found, unresolved) = gpus::resolve(refs, &known);
-            let extra = GpuDevices {
-                majors: Vec::new(),
-                devs: discovered.devs.clone(),
-            };
-            if found.is_empty() && extra.devs.is_empty() {
-                anyhow::bail!(
-                    "none of the GPUs named is on this machine ({}): cannot tell",
-                    unresolved.join(", ")
-                );
-            }
-            let indices = found.iter().map(|g| g.index).collect();
-            (
-                gpus::devices_of(&found, &extra),
-                Some(indices),
-                found,
-                unresolved,
-            )
-        }
-    };
-    if !unresolved.is_empty() {
+    let scoped = scope_gpus(gpu_scope.as_deref(), &known, &discovered)?;
+    if !scoped.unresolved.is_empty() {
         notes.push(format!(
             "not found on this machine, so not looked at: {}",
-            unresolved.join(", ")
+            scoped.unresolved.join(", ")
         ));
     }
     let selectors = selectors(&args)?;
+    let devices = &scoped.devices;
     let nvml = match reader {
-        Ok(reader) => Some(NvmlScope { reader, indices }),
+        Ok(reader) => Some(NvmlScope {
+            reader,
+            indices: scoped.indices.clone(),
+        }),
         Err(e) if devices.majors.is_empty() && devices.devs.is_empty() => {
             anyhow::bail!("{e}, and no GPU device file to look at: cannot tell")
         }
@@ -163,31 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ),
         Err(_) => None,
     };
-    let scope_report = ScopeReport {
-        pids: selectors.pids.clone(),
-        pgids: selectors.pgids.clone(),
-        cgroups: selectors.cgroups.clone(),
-        slurm_jobs: selectors.jobs.clone(),
-        pods: selectors.pods.clone(),
-        gpus: shown
-            .iter()
-            .map(|g| GpuReport {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                minor: g.minor,
-            })
-            .collect(),
-        gpus_from,
-        unresolved_gpus: unresolved,
-        devices: discovered
-            .devs
-            .iter()
-            .map(|d| format!("{}:{}", d >> 20, d & 0xfffff))
-            .collect(),
-        any_process: args.any_process,
-        allowed: args.allowed.clone(),
-        ..ScopeReport::default()
-    };
+    let scope_report = scope_report(&args, &selectors, &scoped, gpus_from, &discovered);
     let log = args
         .state_dir
         .is_dir()
@@ -198,22 +142,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         selectors,
         any_process: args.any_process,
         allowed: args.allowed.clone(),
-        devices,
+        devices: scoped.devices,
         node_paths,
         nvml,
         log,
     });
-    let start = Instant::now();
-    loop {
-        if gate.tick() {
-            break;
-        }
-        if args.timeout.is_some_and(|t| start.elapsed() >= t) {
-            gate.look_again();
-            break;
-        }
-        thread::sleep(POLL);
-    }
+    let waited = wait(&mut gate, args.timeout);
     if !gate.is_clean() && gate.blockers.is_empty() && gate.dead.is_empty() {
         anyhow::bail!(
             "NVML failed to read the GPUs ({} failed answer(s)) until the timeout: cannot tell",
@@ -224,8 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !gate.scope().unseen.is_empty() {
         notes.push(unseen_note(&gate));
     }
-    let waited = start.elapsed().as_millis() as u64;
-    let mut report = report::report(&gate, scope_report, notes, waited);
+    let mut report = report::report(&gate, scope_report, notes, waited.as_millis() as u64);
     report.log = report.log.filter(|l| l.files > 0);
     if args.json {
         json::write_line(&mut std::io::stdout().lock(), &report)?;
@@ -237,6 +170,125 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The GPUs NVML lists; without NVML, those the driver lists (and a note of what that
+/// leaves unseen).
+fn known_gpus(reader: &Result<nvml::Reader, String>, notes: &mut Vec<String>) -> Vec<Identity> {
+    let e = match reader {
+        Ok(r) => {
+            return r
+                .identities()
+                .into_iter()
+                .map(|(index, uuid, minor)| Identity { index, uuid, minor })
+                .collect()
+        }
+        Err(e) => e,
+    };
+    notes.push(format!(
+        "NVML is not available ({e}): decided from the GPU files alone (their \
+         descriptors and memory mappings in /proc); memory the driver still frees \
+         after the last file closed is not seen"
+    ));
+    gpus::driver_identities(std::path::Path::new("/proc/driver/nvidia/gpus"))
+}
+
+/// The GPUs the gate looks at.
+struct ScopedGpus {
+    /// Their device files, and those declared with `--gpu-device`.
+    devices: GpuDevices,
+    /// Their NVML indices; None: every GPU.
+    indices: Option<Vec<u32>>,
+    /// Those named and found.
+    shown: Vec<Identity>,
+    /// Those named and not found.
+    unresolved: Vec<String>,
+}
+
+/// Every GPU when none is named; else those named that are here (an error when none is).
+fn scope_gpus(
+    named: Option<&[GpuRef]>,
+    known: &[Identity],
+    discovered: &GpuDevices,
+) -> anyhow::Result<ScopedGpus> {
+    let Some(refs) = named else {
+        return Ok(ScopedGpus {
+            devices: discovered.clone(),
+            indices: None,
+            shown: Vec::new(),
+            unresolved: Vec::new(),
+        });
+    };
+    let (found, unresolved) = gpus::resolve(refs, known);
+    let extra = GpuDevices {
+        majors: Vec::new(),
+        devs: discovered.devs.clone(),
+    };
+    if found.is_empty() && extra.devs.is_empty() {
+        anyhow::bail!(
+            "none of the GPUs named is on this machine ({}): cannot tell",
+            unresolved.join(", ")
+        );
+    }
+    Ok(ScopedGpus {
+        devices: gpus::devices_of(&found, &extra),
+        indices: Some(found.iter().map(|g| g.index).collect()),
+        shown: found,
+        unresolved,
+    })
+}
+
+/// What was waited for, as the report says it.
+fn scope_report(
+    args: &Args,
+    selectors: &Selectors,
+    scoped: &ScopedGpus,
+    gpus_from: Option<&'static str>,
+    discovered: &GpuDevices,
+) -> ScopeReport {
+    ScopeReport {
+        pids: selectors.pids.clone(),
+        pgids: selectors.pgids.clone(),
+        cgroups: selectors.cgroups.clone(),
+        slurm_jobs: selectors.jobs.clone(),
+        pods: selectors.pods.clone(),
+        gpus: scoped
+            .shown
+            .iter()
+            .map(|g| GpuReport {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+            })
+            .collect(),
+        gpus_from,
+        unresolved_gpus: scoped.unresolved.clone(),
+        devices: discovered
+            .devs
+            .iter()
+            .map(|d| format!("{}:{}", d >> 20, d & 0xfffff))
+            .collect(),
+        any_process: args.any_process,
+        allowed: args.allowed.clone(),
+        ..ScopeReport::default()
+    }
+}
+
+/// Polls the gate until it is clean or `timeout` passes (then looks once more); how long
+/// it waited.
+fn wait(gate: &mut Gate, timeout: Option<Duration>) -> Duration {
+    let start = Instant::now();
+    loop {
+        if gate.tick() {
+            break;
+        }
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            gate.look_again();
+            break;
+        }
+        thread::sleep(POLL);
+    }
+    start.elapsed()
 }
 
 /// The GPUs named, and the variable `--job-gpus` read; None: every GPU.

@@ -9,7 +9,8 @@ use aya::{
         fexit::FExitLinkId,
         kprobe::KProbeLinkId,
         perf_event::{
-            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+            PerfEventConfig, PerfEventLink, PerfEventLinkId, PerfEventScope, SamplePolicy,
+            SoftwareEvent,
         },
         raw_trace_point::RawTracePointLinkId,
         tp_btf::BtfTracePointLinkId,
@@ -313,8 +314,17 @@ pub fn detach(ebpf: &mut Ebpf, link: Link) -> Result<(), ProgramError> {
     }
 }
 
+/// Takes a perf event attachment out of its program: the link returned detaches when dropped.
+pub fn take_perf_event(ebpf: &mut Ebpf, link: Link) -> Result<PerfEventLink, ProgramError> {
+    match (ebpf.program_mut(&link.program), link.id) {
+        (Some(Program::PerfEvent(p)), LinkId::PerfEvent(id)) => p.take_link(id),
+        (None, _) => Err(ProgramError::NotAttached),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::fs;
 
     use aya::{programs::trace_point::TracePointError, EbpfLoader};
@@ -322,8 +332,18 @@ mod tests {
     use super::*;
     use crate::probe::EBPF_OBJECT;
 
+    /// The real object, with a one-page ring, loaded into the running kernel (as root).
+    pub(in crate::probe) fn loaded_object() -> Ebpf {
+        // A fresh machine mounts no tracefs until linger does; the tests attach tracepoints.
+        crate::probe::tracefs::ensure_mounted().expect("mounting tracefs (as root)");
+        EbpfLoader::new()
+            .map_max_entries("EVENTS", 4096)
+            .load(EBPF_OBJECT)
+            .expect("loading the object (as root)")
+    }
+
     /// Open perf events and BPF links: what an attachment is made of.
-    fn link_fds() -> usize {
+    pub(in crate::probe) fn link_fds() -> usize {
         fs::read_dir("/proc/self/fd")
             .expect("/proc/self/fd")
             .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
@@ -355,12 +375,7 @@ mod tests {
     /// the first behind.
     #[test]
     fn a_partial_failure_detaches_what_it_attached() {
-        // A fresh machine mounts no tracefs until linger does.
-        crate::probe::tracefs::ensure_mounted().expect("mounting tracefs (as root)");
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", 4096)
-            .load(EBPF_OBJECT)
-            .expect("loading the object (as root)");
+        let mut ebpf = loaded_object();
         let before = link_fds();
         let exit = Hook::Tracepoint {
             category: "sched",

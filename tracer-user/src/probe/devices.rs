@@ -90,10 +90,7 @@ pub fn nvidia_majors(proc_devices: &str) -> Vec<u32> {
 pub fn char_device(path: &Path) -> Result<u32> {
     let meta = fs::metadata(path)?;
     if !meta.file_type().is_char_device() {
-        return Err(Error::Load(format!(
-            "--gpu-device {}: not a character device",
-            path.display()
-        )));
+        return Err(Error::NotCharDevice(path.into()));
     }
     let rdev = meta.rdev();
     Ok(mkdev(

@@ -8,10 +8,10 @@ use serde::Serialize;
 use super::{
     attach::{attach, chain, AttachError, Hook},
     devices::GpuDevices,
-    library,
     offsets::{self, Layout},
     questions::{self, Question},
-    strategy, tracefs, EBPF_OBJECT,
+    strategy::{self, Wanted},
+    tracefs, EBPF_OBJECT,
 };
 use crate::{
     escape,
@@ -65,23 +65,19 @@ pub fn run() -> Report {
     match load_object() {
         Ok(mut ebpf) => {
             let btf = btf.ok();
-            // The real selection, as `live` makes it (auto never fails).
+            // The real selection, as `live` makes it with its defaults (auto never fails).
             driver_hooks =
                 strategy::attach(&mut ebpf, DriverHooks::Auto, btf.as_ref()).unwrap_or_default();
-            driver_hooks.by_driver = strategy::driver_answers(&driver_hooks);
-            // Next, as `live` chooses: the NVIDIA libraries' calls.
-            if !driver_hooks.by_driver {
-                library::hook(&mut ebpf, &mut driver_hooks, &mut Vec::new(), true);
-            }
-            // Then, as `live` chooses: nothing at all where no GPU file can exist.
             let devices = GpuDevices::discover(&[] as &[&str]).unwrap_or_default();
-            if !driver_hooks.by_driver
-                && driver_hooks.libraries.is_empty()
-                && strategy::no_gpu_files(&devices)
-            {
-                driver_hooks.no_driver = true;
-                driver_hooks.reasons.push(strategy::NO_DRIVER_REASON.into());
-            }
+            let wanted = Wanted {
+                lean: false,
+                syscall_hooks: false,
+                devices: &devices,
+                ioctls: true,
+            };
+            let mode =
+                strategy::choose_mode(&mut ebpf, &mut driver_hooks, &mut Vec::new(), &wanted);
+            driver_hooks.enter(mode);
             for name in [
                 "tracepoint",
                 "tp_btf",

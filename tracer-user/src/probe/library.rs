@@ -19,7 +19,7 @@ use object::{
 };
 
 use super::attach::{self, AttachError, Hook};
-use crate::event::{Strategy, BY_LIBRARY_UNSEEN};
+use crate::event::Strategy;
 
 /// The libraries through which CUDA programs and NVML users talk to the driver.
 pub const LIBRARIES: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
@@ -293,7 +293,6 @@ pub fn hook(
         ));
         strategy.libraries.push(lib.path.display().to_string());
     }
-    strategy.unseen = BY_LIBRARY_UNSEEN.iter().map(|s| s.to_string()).collect();
     true
 }
 

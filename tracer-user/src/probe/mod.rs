@@ -1,10 +1,14 @@
 //! Loading and attaching the eBPF programs, and probing what the kernel allows.
 
 pub mod attach;
+pub mod config;
 pub mod devices;
 pub mod doctor;
+pub mod hooks;
+mod late_driver;
 pub mod library;
 pub mod load;
+mod maps;
 pub mod offsets;
 pub mod questions;
 pub mod sampling;
@@ -13,7 +17,8 @@ pub mod strategy;
 pub mod tracefs;
 pub mod xid;
 
-pub use load::{ProbeConfig, Probes};
+pub use config::{ProbeConfig, DEFAULT_FATAL_SIGNALS};
+pub use load::Probes;
 
 /// The compiled eBPF object, built by build.rs.
 pub static EBPF_OBJECT: &[u8] =

@@ -4,12 +4,26 @@ use btf_rs::{Btf, Type};
 use serde::Serialize;
 use tracer_common::KernelOffsets;
 
-use crate::error::{Error, Result};
+use crate::error::{BtfError, Result};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 pub fn load_vmlinux() -> Result<Btf> {
-    Btf::from_file(VMLINUX_BTF).map_err(|e| Error::Btf(format!("{VMLINUX_BTF}: {e}")))
+    Btf::from_file(VMLINUX_BTF).map_err(|e| {
+        BtfError::Read {
+            path: VMLINUX_BTF,
+            source: e.into(),
+        }
+        .into()
+    })
+}
+
+/// The lookup of `what` failed in btf-rs, whose errors are untyped.
+fn lookup(what: &str) -> impl FnOnce(anyhow::Error) -> BtfError + '_ {
+    move |e| BtfError::Lookup {
+        what: what.into(),
+        source: e.into(),
+    }
 }
 
 pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
@@ -67,10 +81,9 @@ fn regs_above_stack(btf: &Btf) -> Result<u32> {
     let pt_regs = match first_type(btf, "pt_regs")? {
         Type::Struct(s) => s.size() as u32,
         other => {
-            return Err(Error::Btf(format!(
-                "pt_regs is {}, not a struct",
-                other.name()
-            )))
+            return Err(
+                BtfError::Shape(format!("pt_regs is {}, not a struct", other.name())).into(),
+            )
         }
     };
     Ok(thread_size - pt_regs)
@@ -109,29 +122,30 @@ fn tracepoint_params(btf: &Btf, name: &str) -> Result<usize> {
         .resolve_chained_type(
             typedef
                 .as_btf_type()
-                .ok_or_else(|| Error::Btf(format!("{typedef_name} is not a type")))?,
+                .ok_or_else(|| BtfError::Shape(format!("{typedef_name} is not a type")))?,
         )
-        .map_err(|e| Error::Btf(e.to_string()))?;
+        .map_err(lookup(&typedef_name))?;
     if let Type::Ptr(ptr) = &ty {
         ty = btf
             .resolve_chained_type(ptr)
-            .map_err(|e| Error::Btf(e.to_string()))?;
+            .map_err(lookup(&typedef_name))?;
     }
     match ty {
         Type::FuncProto(proto) => Ok(proto.parameters.len().saturating_sub(1)),
-        other => Err(Error::Btf(format!(
+        other => Err(BtfError::Shape(format!(
             "{typedef_name} resolves to {}, expected a prototype",
             other.name()
-        ))),
+        ))
+        .into()),
     }
 }
 
 fn first_type(btf: &Btf, name: &str) -> Result<Type> {
     btf.resolve_types_by_name(name)
-        .map_err(|e| Error::Btf(format!("{name}: {e}")))?
+        .map_err(lookup(name))?
         .into_iter()
         .next()
-        .ok_or_else(|| Error::Btf(format!("{name} not found")))
+        .ok_or_else(|| BtfError::Shape(format!("{name} not found")).into())
 }
 
 /// Byte offset of `field` in `struct name`, looking through anonymous struct and union members
@@ -139,7 +153,7 @@ fn first_type(btf: &Btf, name: &str) -> Result<Type> {
 pub fn member_offset(btf: &Btf, name: &str, field: &str) -> Result<u32> {
     let structs = btf
         .resolve_types_by_name(name)
-        .map_err(|e| Error::Btf(format!("struct {name}: {e}")))?;
+        .map_err(lookup(&format!("struct {name}")))?;
     for ty in structs {
         if let Type::Struct(s) = ty {
             if let Some(bits) = find_member(btf, &s, field) {
@@ -147,7 +161,7 @@ pub fn member_offset(btf: &Btf, name: &str, field: &str) -> Result<u32> {
             }
         }
     }
-    Err(Error::Btf(format!("no field {field} in struct {name}")))
+    Err(BtfError::Shape(format!("no field {field} in struct {name}")).into())
 }
 
 fn find_member(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<u32> {

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::event::{HookKind, Strategy};
+use crate::event::{HookKind, Mode, Strategy};
 
 #[derive(Debug, Serialize)]
 pub struct Question {
@@ -29,50 +29,24 @@ const NO_DRIVER: &str = "nothing to see: no NVIDIA driver is registered, so no G
 
 /// Every question, answered for the driver hooks `strategy` chose here.
 pub fn table(strategy: &Strategy) -> Vec<Question> {
-    let release = match strategy.fput {
-        Some(HookKind::Fentry) => "fentry/fexit on __fput of GPU files (exact)",
-        Some(HookKind::Kprobe) => "kprobe/kretprobe on __fput of GPU files (exact)",
-        None => "the zombie transition (SIGCHLD), an upper bound",
-    };
+    // `--lean` is its own column: the default column is the mode chosen here otherwise.
+    let mode = strategy.mode();
+    let mut table = process_questions(mode);
+    table.extend(gpu_file_questions(mode));
+    table.extend(release_questions(strategy));
+    table
+}
+
+/// Signals, exits and reaping.
+fn process_questions(mode: Mode) -> Vec<Question> {
     // Where the driver's opens and ioctl entry are hooked, or else the NVIDIA libraries'
     // calls, they replace every system call tracepoint in the default mode.
-    let (by_driver, by_library) = (strategy.by_driver, !strategy.libraries.is_empty());
-    let pick = |driver: &'static str, library: &'static str, syscalls: &'static str| {
-        if by_driver {
-            driver
-        } else if by_library {
-            library
-        } else if strategy.no_driver {
-            NO_DRIVER
-        } else {
-            syscalls
-        }
-    };
-    // The cost column: with no driver, nothing is attached for the GPU questions.
-    let pick_cost = |driver, library, syscalls| {
-        if strategy.no_driver && !by_driver && !by_library {
-            "none: no hook attached"
-        } else {
-            pick(driver, library, syscalls)
-        }
-    };
-    let reaping_cost = if by_driver || by_library || strategy.no_driver {
+    let no_syscall_hooks = matches!(mode, Mode::Driver | Mode::Libraries | Mode::NoDriver);
+    let reaping_cost = if no_syscall_hooks {
         "fires once per process"
     } else {
         "a system call tracepoint: every system call of every process takes the slow path \
          while it is attached (the syscall tax, BENCHMARKS.md)"
-    };
-    let xids = if strategy.xid_tracepoint {
-        "tracepoint nvidia/nvidia_dev_xid; the process it names from the driver's line in the \
-         kernel log (/dev/kmsg)"
-    } else {
-        "the driver's lines in the kernel log (/dev/kmsg): no nvidia/nvidia_dev_xid tracepoint"
-    };
-    let q = |question, default: &str, lean: &str, cost| Question {
-        question,
-        default: default.to_string(),
-        lean: lean.to_string(),
-        cost,
     };
     vec![
         q(
@@ -89,7 +63,7 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
         ),
         q(
             "reaping",
-            if by_driver || by_library || strategy.no_driver {
+            if no_syscall_hooks {
                 REAP_BOUNDED
             } else {
                 "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
@@ -98,6 +72,19 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             REAP_BOUNDED,
             reaping_cost,
         ),
+    ]
+}
+
+/// Who holds GPU files, and what their ioctls did.
+fn gpu_file_questions(mode: Mode) -> Vec<Question> {
+    let by = |driver, library, syscalls| ByMode {
+        driver,
+        library,
+        syscalls,
+    };
+    let pick = |driver, library, syscalls| by(driver, library, syscalls).answer(mode);
+    let pick_cost = |driver, library, syscalls| by(driver, library, syscalls).cost(mode);
+    vec![
         q(
             "who holds GPU files",
             pick(
@@ -141,6 +128,23 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
                 "system call tracepoints (the syscall tax); non-holders stop at one map lookup",
             ),
         ),
+    ]
+}
+
+/// Where a teardown spends its time, and when the memory is back.
+fn release_questions(strategy: &Strategy) -> Vec<Question> {
+    let release = match strategy.fput {
+        Some(HookKind::Fentry) => "fentry/fexit on __fput of GPU files (exact)",
+        Some(HookKind::Kprobe) => "kprobe/kretprobe on __fput of GPU files (exact)",
+        None => "the zombie transition (SIGCHLD), an upper bound",
+    };
+    let xids = if strategy.xid_tracepoint {
+        "tracepoint nvidia/nvidia_dev_xid; the process it names from the driver's line in the \
+         kernel log (/dev/kmsg)"
+    } else {
+        "the driver's lines in the kernel log (/dev/kmsg): no nvidia/nvidia_dev_xid tracepoint"
+    };
+    vec![
         q(
             "where a teardown spends its time",
             "tp_btf/sched_switch, tp_btf/sched_wakeup, perf_event cpu-clock stacks while a GPU \
@@ -169,4 +173,42 @@ pub fn table(strategy: &Strategy) -> Vec<Question> {
             "fires on GPU errors only; the kernel log is read by linger's own thread",
         ),
     ]
+}
+
+/// A GPU question's answers (or costs) in each mode: the driver's hooks, the libraries', the
+/// system call tracepoints.
+#[derive(Clone, Copy)]
+struct ByMode {
+    driver: &'static str,
+    library: &'static str,
+    syscalls: &'static str,
+}
+
+impl ByMode {
+    /// The default column's answer in `mode` (none where no driver is registered).
+    fn answer(self, mode: Mode) -> &'static str {
+        match mode {
+            Mode::Driver => self.driver,
+            Mode::Libraries => self.library,
+            Mode::NoDriver => NO_DRIVER,
+            Mode::Syscalls | Mode::Lean => self.syscalls,
+        }
+    }
+
+    /// The cost column: with no driver, nothing is attached for the GPU questions.
+    fn cost(self, mode: Mode) -> &'static str {
+        match mode {
+            Mode::NoDriver => "none: no hook attached",
+            _ => self.answer(mode),
+        }
+    }
+}
+
+fn q(question: &'static str, default: &str, lean: &str, cost: &'static str) -> Question {
+    Question {
+        question,
+        default: default.to_string(),
+        lean: lean.to_string(),
+        cost,
+    }
 }

@@ -2,7 +2,7 @@
 //! event per CPU interrupts every CPU thousands of times a second, which costs even when the
 //! program returns at once (dearly in VMs), so it is off while nobody dies.
 
-use aya::{util::online_cpus, Ebpf};
+use aya::{programs::perf_event::PerfEventLink, util::online_cpus, Ebpf};
 
 use super::attach::{self, attach_all, AttachError, Cause, Hook};
 use crate::error::{Error, Result};
@@ -12,13 +12,15 @@ const PROGRAM: &str = "teardown_oncpu";
 pub struct Sampler {
     hz: u64,
     cpus: Vec<u32>,
-    links: Vec<attach::Link>,
+    /// One per CPU while on; each detaches when dropped, so the sampler's own drop (or
+    /// turning it off) releases every perf event.
+    links: Vec<PerfEventLink>,
 }
 
 impl Sampler {
     /// Loads the program (so a refusal shows at start) without attaching it.
     pub fn load(ebpf: &mut Ebpf, hz: u64) -> Result<Self> {
-        let cpus = online_cpus().map_err(|(path, e)| Error::Load(format!("{path}: {e}")))?;
+        let cpus = online_cpus().map_err(|(path, source)| Error::OnlineCpus { path, source })?;
         attach::load(ebpf, PROGRAM, &Hook::PerfEvent { cpu: 0, hz }, None)?;
         Ok(Self {
             hz,
@@ -37,14 +39,7 @@ impl Sampler {
             return Ok(());
         }
         if !on {
-            let hook = Hook::PerfEvent {
-                cpu: 0,
-                hz: self.hz,
-            };
-            for link in self.links.drain(..) {
-                attach::detach(ebpf, link)
-                    .map_err(|e| AttachError::new(PROGRAM, &hook, Cause::from(e)))?;
-            }
+            self.links.clear();
             return Ok(());
         }
         let hooks: Vec<(&str, Hook)> = self
@@ -52,7 +47,51 @@ impl Sampler {
             .iter()
             .map(|&cpu| (PROGRAM, Hook::PerfEvent { cpu, hz: self.hz }))
             .collect();
-        self.links = attach_all(ebpf, &hooks, None)?;
+        let hook = Hook::PerfEvent {
+            cpu: 0,
+            hz: self.hz,
+        };
+        let mut taken = Vec::with_capacity(hooks.len());
+        let mut refused = None;
+        for link in attach_all(ebpf, &hooks, None)? {
+            if refused.is_some() {
+                // The program stays loaded but runs nowhere; nothing more to undo.
+                let _ = attach::detach(ebpf, link);
+                continue;
+            }
+            match attach::take_perf_event(ebpf, link) {
+                Ok(owned) => taken.push(owned),
+                Err(e) => refused = Some(AttachError::new(PROGRAM, &hook, Cause::from(e))),
+            }
+        }
+        // On a refusal, the links taken detach as `taken` drops.
+        if let Some(e) = refused {
+            return Err(e.into());
+        }
+        self.links = taken;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::attach::tests::{link_fds, loaded_object};
+
+    /// Loads the real program: turning the sampler on opens a perf event on every CPU,
+    /// dropping it closes them all.
+    #[test]
+    fn dropping_the_sampler_detaches_its_perf_events() {
+        let mut ebpf = loaded_object();
+        let before = link_fds();
+        let mut sampler = Sampler::load(&mut ebpf, 99).expect("loading the sampler");
+        sampler.set(&mut ebpf, true).expect("attaching the sampler");
+        assert!(sampler.is_on());
+        assert!(
+            link_fds() >= before + sampler.cpus.len(),
+            "no perf event opened"
+        );
+        drop(sampler);
+        assert_eq!(link_fds(), before, "the sampler's perf events outlived it");
     }
 }

@@ -10,7 +10,7 @@ use aya::{
 use log::{debug, warn};
 
 use super::{attach, attach::Hook, Probes};
-use crate::error::{Error, Result};
+use crate::error::{ObjectError, Result};
 
 /// A process that has not run for this long after the request is left out (it holds its
 /// files asleep; it shows when it wakes or dies, or in `linger holders`).
@@ -34,17 +34,23 @@ impl Probes {
         let program = self
             .ebpf
             .program("search_walk")
-            .ok_or_else(|| Error::Load("search_walk missing from the object".into()))?;
+            .ok_or_else(|| ObjectError::MissingProgram("search_walk".into()))?;
         let fd = program
             .fd()
             .and_then(|fd| fd.try_clone().map_err(Into::into))
-            .map_err(|e| Error::Load(e.to_string()))?;
+            .map_err(|source| ObjectError::Program {
+                name: "search_walk".into(),
+                source,
+            })?;
         let map = self
             .ebpf
             .map_mut("SEARCH_WALK")
-            .ok_or_else(|| Error::Load("map SEARCH_WALK missing".into()))?;
-        let mut slots = ProgramArray::try_from(map).map_err(|e| Error::Load(e.to_string()))?;
-        slots.set(0, &fd, 0).map_err(|e| Error::Load(e.to_string()))
+            .ok_or_else(|| ObjectError::MissingMap("SEARCH_WALK".into()))?;
+        let mut slots = ProgramArray::try_from(map).map_err(ObjectError::map("SEARCH_WALK"))?;
+        slots
+            .set(0, &fd, 0)
+            .map_err(ObjectError::map("SEARCH_WALK"))?;
+        Ok(())
     }
 
     /// Walks `pids` (their descriptors come as `held_at_search` records) at their next switch.

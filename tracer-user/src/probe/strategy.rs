@@ -10,10 +10,11 @@ use aya::{Btf, Ebpf};
 use super::{
     attach::{attach_all, AttachError, Hook},
     devices::GpuDevices,
+    library,
 };
 use crate::{
     error::Result,
-    event::{DriverFunc, DriverHooks, HookKind, Strategy},
+    event::{DriverFunc, DriverHooks, HookKind, Mode, Strategy},
 };
 
 /// The driver's functions on the release path, its open and ioctl entries, hooked by kprobes.
@@ -40,7 +41,7 @@ const ANSWERING: [DriverFunc; 3] = [
 /// Whether the hooks attached answer every open and ioctl of the driver's files, so that no
 /// system call tracepoint is needed: `__fput` hooked, and the open and ioctl entries of every
 /// driver module loaded (UVM's open only where nvidia-uvm is loaded).
-pub fn driver_answers(s: &Strategy) -> bool {
+fn driver_answers(s: &Strategy) -> bool {
     let uvm = fs::read_to_string("/proc/modules")
         .map(|m| m.lines().any(|l| l.starts_with("nvidia_uvm ")))
         .unwrap_or(false);
@@ -54,15 +55,54 @@ pub fn driver_answers(s: &Strategy) -> bool {
 /// Whether the system call tracepoints would see nothing of GPUs: no NVIDIA driver registered
 /// (/proc/devices) and no device declared with `--gpu-device`. Then none is attached until the
 /// driver registers.
-pub fn no_gpu_files(devices: &GpuDevices) -> bool {
+fn no_gpu_files(devices: &GpuDevices) -> bool {
     devices.majors.is_empty() && devices.devs.is_empty()
 }
 
-/// The strategy's reason when [`no_gpu_files`] holds.
-pub const NO_DRIVER_REASON: &str = "system call tracepoints: none, no NVIDIA driver is registered \
+/// The strategy's reason for [`Mode::NoDriver`].
+const NO_DRIVER_REASON: &str = "system call tracepoints: none, no NVIDIA driver is registered \
      (/proc/devices) and no --gpu-device declared; when it registers, its functions are hooked \
      where kprobes work, else the NVIDIA libraries if found then, else these tracepoints \
      attached";
+
+/// What the mode is chosen from, besides what the driver hooks already attached.
+pub struct Wanted<'a> {
+    /// `--lean`.
+    pub lean: bool,
+    /// `--syscall-hooks`: the system call tracepoints rather than the NVIDIA libraries.
+    pub syscall_hooks: bool,
+    /// The GPU files: the driver's majors and the devices declared with `--gpu-device`.
+    pub devices: &'a GpuDevices,
+    /// Whether the library hooks follow ioctls too.
+    pub ioctls: bool,
+}
+
+/// The one choice of the mode, for `Probes::load`, a driver registered late and `doctor`: the
+/// cheapest way that sees GPU files. The driver's own functions where they answer (after
+/// [`attach`]), else the NVIDIA libraries' calls (hooked here when found), else nothing where no
+/// GPU file can exist yet, else the system call tracepoints. A declared `--gpu-device` has no
+/// driver or library behind it: only the system calls see it.
+pub fn choose_mode(
+    ebpf: &mut Ebpf,
+    s: &mut Strategy,
+    attached: &mut Vec<String>,
+    wanted: &Wanted,
+) -> Mode {
+    let declared = !wanted.devices.devs.is_empty();
+    if wanted.lean {
+        Mode::Lean
+    } else if !declared && driver_answers(s) {
+        Mode::Driver
+    } else if !declared && !wanted.syscall_hooks && library::hook(ebpf, s, attached, wanted.ioctls)
+    {
+        Mode::Libraries
+    } else if !wanted.syscall_hooks && no_gpu_files(wanted.devices) {
+        s.reasons.push(NO_DRIVER_REASON.into());
+        Mode::NoDriver
+    } else {
+        Mode::Syscalls
+    }
+}
 
 /// Attaches the hooks `requested` asks for. `auto` never fails: it records why each step did
 /// not work. A forced `fentry` or `kprobe` that the kernel refuses is an error.
@@ -116,29 +156,23 @@ pub fn attach(ebpf: &mut Ebpf, requested: DriverHooks, btf: Option<&Btf>) -> Res
 /// One line for `doctor`'s strategy and `live -v`.
 pub fn describe(s: &Strategy) -> String {
     let hooks = hooks_of(s);
-    if s.lean {
-        return format!("lean (no system call tracepoint): {hooks}");
-    }
-    if !s.libraries.is_empty() {
-        return format!(
+    match s.mode() {
+        Mode::Lean => format!("lean (no system call tracepoint): {hooks}"),
+        Mode::Libraries => format!(
             "no system call tracepoint, opens, closes and ioctls of GPU files from uprobes on \
              the PLT entries of {}: {hooks}",
             s.libraries.join(", ")
-        );
-    }
-    if s.no_driver {
-        return format!(
+        ),
+        Mode::NoDriver => format!(
             "no system call tracepoint: no NVIDIA driver is registered, so no GPU file can be \
              opened (when it comes: its functions, its libraries or these tracepoints): {hooks}"
-        );
-    }
-    if s.by_driver {
-        return format!(
+        ),
+        Mode::Driver => format!(
             "no system call tracepoint, opens and ioctls of GPU files from the driver's own \
              functions: {hooks}"
-        );
+        ),
+        Mode::Syscalls => hooks,
     }
-    hooks
 }
 
 fn hooks_of(s: &Strategy) -> String {

@@ -31,7 +31,12 @@ pub fn ensure_mounted() -> Result<()> {
         } else {
             ""
         };
-        Error::Mount(format!("mounting tracefs at {TRACEFS} failed: {e}{hint}"))
+        Error::Mount {
+            fs: "tracefs",
+            path: TRACEFS,
+            hint,
+            source: e,
+        }
     })
 }
 
@@ -61,5 +66,10 @@ pub fn ensure_securityfs() -> Result<()> {
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| Error::Mount(format!("mounting securityfs at {SECURITYFS} failed: {e}")))
+    .map_err(|source| Error::Mount {
+        fs: "securityfs",
+        path: SECURITYFS,
+        hint: "",
+        source,
+    })
 }

@@ -19,7 +19,7 @@ use super::{
 use crate::{
     analysis::{gpu_errors, signals, Incident},
     escape,
-    event::{Event, EventData, GpuInfo, XidSource},
+    event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
     trace::snapshot::Process,
 };
 
@@ -166,45 +166,8 @@ impl<W: Write> ChromeTrace<W> {
             EventData::Reap { reaped_pid, .. } => {
                 self.instant("reap", pid, tid, e.ts_ns, json!({"reaped_pid": reaped_pid}))
             }
-            EventData::Loss { count, what } => self.write(&TraceEvent {
-                name: "kernel lost records",
-                cat: "loss",
-                ph: "i",
-                ts: us(e.ts_ns),
-                dur: None,
-                pid: 0,
-                tid: 0,
-                s: Some("g"),
-                args: json!({"count": count, "what": what}),
-            }),
-            EventData::Nvml { gpus } => {
-                let mut holders = BTreeSet::new();
-                for gpu in gpus {
-                    let name = format!("GPU{} memory used", gpu.index);
-                    self.counter(&name, GPUS_PID, e.ts_ns, gpu.used)?;
-                    for p in &gpu.processes {
-                        if let Some(used) = p.used {
-                            holders.insert((gpu.index, p.pid));
-                            self.counter(
-                                &format!("GPU{} memory", gpu.index),
-                                p.pid,
-                                e.ts_ns,
-                                used,
-                            )?;
-                        }
-                    }
-                }
-                let gone: Vec<(u32, u32)> =
-                    self.nvml_holders.difference(&holders).copied().collect();
-                for (gpu, pid) in gone {
-                    self.counter(&format!("GPU{gpu} memory"), pid, e.ts_ns, 0)?;
-                }
-                self.nvml_holders = holders;
-                self.processes
-                    .entry(GPUS_PID)
-                    .or_insert_with(|| "GPUs (NVML)".into());
-                Ok(())
-            }
+            EventData::Loss { count, what, .. } => self.on_loss(e.ts_ns, *count, *what),
+            EventData::Nvml { gpus } => self.on_nvml(e.ts_ns, gpus),
             EventData::ProcInfo(info) => {
                 self.name(info.pid, None, &info.comm);
                 Ok(())
@@ -230,25 +193,7 @@ impl<W: Write> ChromeTrace<W> {
             // On the GPUs' track, at the moment the driver reported it.
             EventData::GpuXid {
                 xid, pci, message, ..
-            } => {
-                let gpu = gpu_errors::device(&self.gpus, pci).map(|g| g.index);
-                let on = gpu.map_or_else(|| format!("PCI {pci}"), |i| format!("GPU{i}"));
-                let name = format!("Xid {xid} ({}) on {on}", gpu_errors::meaning(*xid));
-                self.processes
-                    .entry(GPUS_PID)
-                    .or_insert_with(|| "GPUs (NVML)".into());
-                self.write(&TraceEvent {
-                    name: &name,
-                    cat: "gpu_error",
-                    ph: "i",
-                    ts: us(e.ts_ns),
-                    dur: None,
-                    pid: GPUS_PID,
-                    tid: 0,
-                    s: Some("p"),
-                    args: json!({"xid": xid, "pci": pci, "gpu": gpu, "message": message}),
-                })
-            }
+            } => self.on_xid(e.ts_ns, *xid, pci, message),
             // Samples feed the flamegraph (`--format svg`); on a timeline they are noise.
             EventData::Tick
             | EventData::BenchTick
@@ -257,21 +202,7 @@ impl<W: Write> ChromeTrace<W> {
             // A driver call as a slice on its thread, ending when the ioctl returned.
             EventData::GpuIoctl {
                 cmd, duration_ns, ..
-            } => {
-                let name = ioctl_name(*cmd);
-                self.name(pid, Some(tid), "");
-                self.write(&TraceEvent {
-                    name: &name,
-                    cat: "ioctl",
-                    ph: "X",
-                    ts: us(e.ts_ns.saturating_sub(*duration_ns)),
-                    dur: Some(us(*duration_ns)),
-                    pid,
-                    tid,
-                    s: None,
-                    args: serde_json::to_value(&e.data)?,
-                })
-            }
+            } => self.on_ioctl(e, *cmd, *duration_ns),
             // Kinds without a drawing of their own: an instant named by the kind, its fields
             // as arguments.
             other => {
@@ -280,6 +211,83 @@ impl<W: Write> ChromeTrace<W> {
                 self.instant(&kind, pid, tid, e.ts_ns, args)
             }
         }
+    }
+
+    fn on_loss(&mut self, ts_ns: u64, count: u64, what: LossKind) -> std::io::Result<()> {
+        self.write(&TraceEvent {
+            name: "kernel lost records",
+            cat: "loss",
+            ph: "i",
+            ts: us(ts_ns),
+            dur: None,
+            pid: 0,
+            tid: 0,
+            s: Some("g"),
+            args: json!({"count": count, "what": what}),
+        })
+    }
+
+    /// Each GPU's used memory on the GPUs' track, each process's share on its own; a share
+    /// NVML no longer lists drops to 0.
+    fn on_nvml(&mut self, ts_ns: u64, gpus: &[NvmlGpu]) -> std::io::Result<()> {
+        let mut holders = BTreeSet::new();
+        for gpu in gpus {
+            let name = format!("GPU{} memory used", gpu.index);
+            self.counter(&name, GPUS_PID, ts_ns, gpu.used)?;
+            for p in &gpu.processes {
+                if let Some(used) = p.used {
+                    holders.insert((gpu.index, p.pid));
+                    self.counter(&format!("GPU{} memory", gpu.index), p.pid, ts_ns, used)?;
+                }
+            }
+        }
+        let gone: Vec<(u32, u32)> = self.nvml_holders.difference(&holders).copied().collect();
+        for (gpu, pid) in gone {
+            self.counter(&format!("GPU{gpu} memory"), pid, ts_ns, 0)?;
+        }
+        self.nvml_holders = holders;
+        self.processes
+            .entry(GPUS_PID)
+            .or_insert_with(|| "GPUs (NVML)".into());
+        Ok(())
+    }
+
+    /// A GPU error on the GPUs' track, at the moment the driver reported it.
+    fn on_xid(&mut self, ts_ns: u64, xid: u32, pci: &str, message: &str) -> std::io::Result<()> {
+        let gpu = gpu_errors::device(&self.gpus, pci).map(|g| g.index);
+        let on = gpu.map_or_else(|| format!("PCI {pci}"), |i| format!("GPU{i}"));
+        let name = format!("Xid {xid} ({}) on {on}", gpu_errors::meaning(xid));
+        self.processes
+            .entry(GPUS_PID)
+            .or_insert_with(|| "GPUs (NVML)".into());
+        self.write(&TraceEvent {
+            name: &name,
+            cat: "gpu_error",
+            ph: "i",
+            ts: us(ts_ns),
+            dur: None,
+            pid: GPUS_PID,
+            tid: 0,
+            s: Some("p"),
+            args: json!({"xid": xid, "pci": pci, "gpu": gpu, "message": message}),
+        })
+    }
+
+    /// A driver call as a slice on its thread, ending when the ioctl returned.
+    fn on_ioctl(&mut self, e: &Event, cmd: u32, duration_ns: u64) -> std::io::Result<()> {
+        let name = ioctl_name(cmd);
+        self.name(e.pid, Some(e.tid), "");
+        self.write(&TraceEvent {
+            name: &name,
+            cat: "ioctl",
+            ph: "X",
+            ts: us(e.ts_ns.saturating_sub(duration_ns)),
+            dur: Some(us(duration_ns)),
+            pid: e.pid,
+            tid: e.tid,
+            s: None,
+            args: serde_json::to_value(&e.data)?,
+        })
     }
 
     /// The incident as a slice on the target's main thread, its phases nested inside.

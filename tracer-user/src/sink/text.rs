@@ -50,31 +50,7 @@ fn render_gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
 
 fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
     let mut s = String::new();
-    let threads = match inc.target.threads {
-        1 => "1 thread".to_string(),
-        n => format!("{n} threads"),
-    };
-    let from = match &inc.sender {
-        Some(snd) if snd.pid == 0 => format!(
-            "{} -> ",
-            format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
-        ),
-        Some(snd) => format!("{}[{}] -> ", e(&snd.comm), snd.pid),
-        None => String::new(),
-    };
-    let headline = match inc.termination.mode {
-        Mode::Exit => "EXIT".to_string(),
-        _ => inc.signal_name.clone(),
-    };
-    let _ = writeln!(
-        s,
-        "{}  {:<8} {from}{}[{}] ({threads}) · {}",
-        anchor.format_local(inc.t_signal_ns),
-        headline,
-        e(&inc.target.comm),
-        inc.target.pid,
-        inc.termination.mode.label(),
-    );
+    render_headline(&mut s, inc, anchor);
     let t = &inc.termination;
     if t.signals.len() > 1 || matches!(t.mode, Mode::Escalated | Mode::Term | Mode::Oom) {
         let _ = writeln!(s, "{INDENT}termination: {}", e(&termination::describe(t)));
@@ -119,6 +95,42 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             gib(storm.used_before)
         );
     }
+    render_verdict(&mut s, inc);
+    render_caveats(&mut s, inc);
+    s
+}
+
+/// The signal (or exit), who sent it to whom, and the termination's mode.
+fn render_headline(s: &mut String, inc: &Incident, anchor: &WallAnchor) {
+    let threads = match inc.target.threads {
+        1 => "1 thread".to_string(),
+        n => format!("{n} threads"),
+    };
+    let from = match &inc.sender {
+        Some(snd) if snd.pid == 0 => format!(
+            "{} -> ",
+            format!("kernel ({:?} code {:#x})", inc.origin, inc.si_code).to_lowercase()
+        ),
+        Some(snd) => format!("{}[{}] -> ", e(&snd.comm), snd.pid),
+        None => String::new(),
+    };
+    let headline = match inc.termination.mode {
+        Mode::Exit => "EXIT".to_string(),
+        _ => inc.signal_name.clone(),
+    };
+    let _ = writeln!(
+        s,
+        "{}  {:<8} {from}{}[{}] ({threads}) · {}",
+        anchor.format_local(inc.t_signal_ns),
+        headline,
+        e(&inc.target.comm),
+        inc.target.pid,
+        inc.termination.mode.label(),
+    );
+}
+
+/// The verdict with its hint, and its evidence where the lines above do not show it.
+fn render_verdict(s: &mut String, inc: &Incident) {
     if let Some(v) = &inc.verdict {
         let kind = serde_json::to_value(v.kind)
             .ok()
@@ -133,6 +145,11 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             }
         }
     }
+}
+
+/// What this incident hurt or could not see: collateral failures, what the mode leaves
+/// unseen, what the kernel lost meanwhile.
+fn render_caveats(s: &mut String, inc: &Incident) {
     for f in &inc.collateral {
         let _ = writeln!(
             s,
@@ -171,7 +188,6 @@ fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {
             l.count
         );
     }
-    s
 }
 
 /// Exits, zombie and reap, in order.
@@ -321,6 +337,15 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
             render_gpu_part(s, inc, part);
         }
     }
+    let steps = gpu_steps(inc, gpu);
+    if !steps.is_empty() {
+        let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
+    }
+    render_holders(s, inc, anchor);
+}
+
+/// When the memory and the files came back, or that they have not.
+fn gpu_steps(inc: &Incident, gpu: &GpuImpact) -> Vec<String> {
     let mut steps = Vec::new();
     match (gpu.t_memory_back_ns, gpu.memory_back_by) {
         (Some(t), Some(Source::Nvml)) => steps.push(format!(
@@ -366,9 +391,11 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
     if inc.lingering {
         steps.push("lingering".into());
     }
-    if !steps.is_empty() {
-        let _ = writeln!(s, "{INDENT}{}", steps.join(" · "));
-    }
+    steps
+}
+
+/// Who else holds the dead process's files or memory, and how they got them.
+fn render_holders(s: &mut String, inc: &Incident, anchor: &WallAnchor) {
     for h in &inc.holders {
         let how = match h.how {
             How::Fork { from, t_ns } => {

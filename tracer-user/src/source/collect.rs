@@ -1,6 +1,6 @@
 //! The live loop: kernel records, drop reports and clock ticks, in one stream.
 
-use std::{cell::RefCell, ops::ControlFlow, rc::Rc, time::Duration};
+use std::{ops::ControlFlow, time::Duration};
 
 use tokio::time::{interval, sleep, MissedTickBehavior};
 
@@ -12,25 +12,13 @@ use super::{
 use crate::{
     clock::boottime_ns,
     event::{Event, EventData},
+    stream::{Sink, Tap},
 };
 
 /// How often the collector advances the analysis clock.
 pub const TICK: Duration = Duration::from_millis(20);
 /// How often it reads the kernel's loss counters (one report per kind and period at most).
 pub const LOSS_PERIOD: Duration = Duration::from_secs(1);
-
-/// Sees the stream as it enters the analysis, in order: kernel records as the ring buffer
-/// delivered them, the collector's own events as events. The trace recorder is one.
-pub trait Tap {
-    fn kernel(&mut self, raw: &[u8]);
-    fn event(&mut self, e: &Event);
-}
-
-/// No tap.
-impl Tap for () {
-    fn kernel(&mut self, _: &[u8]) {}
-    fn event(&mut self, _: &Event) {}
-}
 
 /// A tap whose time is charged to a part of the collector's work.
 pub struct Timed<T> {
@@ -52,67 +40,6 @@ impl<T: Tap> Tap for Timed<T> {
 
     fn event(&mut self, e: &Event) {
         self.watch.within(self.part, || self.tap.event(e));
-    }
-}
-
-impl<T: Tap + ?Sized> Tap for &mut T {
-    fn kernel(&mut self, raw: &[u8]) {
-        (**self).kernel(raw);
-    }
-
-    fn event(&mut self, e: &Event) {
-        (**self).event(e);
-    }
-}
-
-/// Two taps, in turn.
-impl<A: Tap, B: Tap> Tap for (A, B) {
-    fn kernel(&mut self, raw: &[u8]) {
-        self.0.kernel(raw);
-        self.1.kernel(raw);
-    }
-
-    fn event(&mut self, e: &Event) {
-        self.0.event(e);
-        self.1.event(e);
-    }
-}
-
-/// A tap that something else (the agent's flight recorder, told of incidents) holds too.
-impl<T: Tap + ?Sized> Tap for Rc<RefCell<T>> {
-    fn kernel(&mut self, raw: &[u8]) {
-        self.borrow_mut().kernel(raw);
-    }
-
-    fn event(&mut self, e: &Event) {
-        self.borrow_mut().event(e);
-    }
-}
-
-impl<T: Tap> Tap for Option<T> {
-    fn kernel(&mut self, raw: &[u8]) {
-        if let Some(t) = self {
-            t.kernel(raw);
-        }
-    }
-
-    fn event(&mut self, e: &Event) {
-        if let Some(t) = self {
-            t.event(e);
-        }
-    }
-}
-
-/// Where the stream goes: each event, then word that a batch of them is done (what the sink
-/// buffered can be written out then).
-pub trait Sink {
-    fn event(&mut self, e: &Event) -> ControlFlow<()>;
-    fn batch_done(&mut self) {}
-}
-
-impl<F: FnMut(&Event) -> ControlFlow<()>> Sink for F {
-    fn event(&mut self, e: &Event) -> ControlFlow<()> {
-        self(e)
     }
 }
 
@@ -170,7 +97,7 @@ pub async fn run_tapped(
                 source.refresh_hints();
                 if now.saturating_sub(losses_read) >= LOSS_PERIOD.as_nanos() as u64 {
                     losses_read = now;
-                    for loss in source.poll_losses(now) {
+                    for loss in source.poll_losses(now, LOSS_PERIOD) {
                         push(&mut batch, tap, loss);
                     }
                     driver_check(&mut source, gpu.as_deref_mut(), &mut batch, tap, now);
@@ -199,9 +126,10 @@ pub async fn run_tapped(
                 return Ok(source);
             }
         }
-        sink.batch_done();
+        let demands = sink.batch_done();
         watch.switch(Part::Housekeeping);
         if let Some(gpu) = gpu.as_deref_mut() {
+            gpu.steer(demands);
             watch.switch(Part::Search);
             if let Some(pids) = gpu.take_search() {
                 source.search(&pids);
@@ -213,7 +141,7 @@ pub async fn run_tapped(
     // Whatever arrived before the stop still counts.
     drain(&mut source, gpu, &mut batch, tap, &watch);
 
-    for loss in source.poll_losses(boottime_ns()) {
+    for loss in source.poll_losses(boottime_ns(), LOSS_PERIOD) {
         push(&mut batch, tap, loss);
     }
     for event in batch.drain(..) {

@@ -45,20 +45,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         });
     }
     let data = match kind {
-        Kind::SignalGenerate => {
-            let p: c::SignalGenerate = get(payload);
-            EventData::SignalGenerate {
-                sig: p.sig,
-                code: p.code,
-                result: p.result,
-                group: p.group != 0,
-                target_pid: p.target_pid,
-                target_tid: p.target_tid,
-                target_threads: p.target_threads,
-                sender_comm: comm(&p.sender_comm),
-                target_comm: comm(&p.target_comm),
-            }
-        }
+        Kind::SignalGenerate => signal_generate(get(payload)),
         Kind::SignalDeliver => {
             let p: c::SignalDeliver = get(payload);
             EventData::SignalDeliver {
@@ -95,19 +82,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
                 comm: comm(&p.comm),
             }
         }
-        Kind::GpuFd => {
-            let p: c::GpuFd = get(payload);
-            let op = FdOp::from_raw(p.op).ok_or(DecodeError::BadField("GpuFd.op", p.op))?;
-            EventData::GpuFd {
-                op: op.into(),
-                fd: p.fd,
-                dev: p.dev,
-                cloexec: p.flags & FD_CLOEXEC != 0,
-                truncated: p.flags & FD_WALK_TRUNCATED != 0,
-                file: p.file,
-                refcount: p.refcount,
-            }
-        }
+        Kind::GpuFd => gpu_fd(get(payload))?,
         Kind::GpuCloseRange => {
             let p: c::GpuCloseRange = get(payload);
             EventData::GpuCloseRange {
@@ -116,36 +91,8 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
                 flags: p.flags,
             }
         }
-        Kind::GpuIoctl => {
-            let p: c::GpuIoctl = get(payload);
-            EventData::GpuIoctl {
-                fd: p.fd,
-                cmd: p.cmd,
-                dev: p.dev,
-                ret: p.ret,
-                duration_ns: p.duration_ns,
-                file: p.file,
-                h_root: p.h_root,
-                h_parent: p.h_parent,
-                h_object: p.h_object,
-                h_class: p.h_class,
-                status: p.status,
-                ctrl_cmd: p.ctrl_cmd,
-                size: p.size,
-            }
-        }
-        Kind::TeardownSample => {
-            let p: c::TeardownSample = get(payload);
-            let sample = SampleKind::from_raw(p.kind)
-                .ok_or(DecodeError::BadField("TeardownSample.kind", p.kind))?;
-            EventData::TeardownSample {
-                sample: sample.into(),
-                stack_id: p.stack_id,
-                owner: p.owner,
-                tid: p.tid,
-                blocked_ns: p.blocked_ns,
-            }
-        }
+        Kind::GpuIoctl => gpu_ioctl(get(payload)),
+        Kind::TeardownSample => teardown_sample(get(payload))?,
         Kind::KthreadWakeup => {
             let p: c::KthreadWakeup = get(payload);
             EventData::KthreadWakeup {
@@ -158,17 +105,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         Kind::OomVictim => EventData::OomVictim {
             pid: get::<c::OomVictim>(payload).pid,
         },
-        Kind::GpuXid => {
-            let p: c::GpuXid = get(payload);
-            let message = text(&p.msg.0);
-            EventData::GpuXid {
-                xid: p.xid,
-                pci: text(&p.pci),
-                truncated: p.msg_len as usize > message.len() + 1,
-                message,
-                source: XidSource::Tracepoint,
-            }
-        }
+        Kind::GpuXid => gpu_xid(get(payload)),
         Kind::BenchTick => EventData::BenchTick,
     };
     Ok(Event {
@@ -178,6 +115,74 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         tid: header.tid,
         data,
     })
+}
+
+fn signal_generate(p: c::SignalGenerate) -> EventData {
+    EventData::SignalGenerate {
+        sig: p.sig,
+        code: p.code,
+        result: p.result,
+        group: p.group != 0,
+        target_pid: p.target_pid,
+        target_tid: p.target_tid,
+        target_threads: p.target_threads,
+        sender_comm: comm(&p.sender_comm),
+        target_comm: comm(&p.target_comm),
+    }
+}
+
+fn gpu_fd(p: c::GpuFd) -> Result<EventData, DecodeError> {
+    let op = FdOp::from_raw(p.op).ok_or(DecodeError::BadField("GpuFd.op", p.op))?;
+    Ok(EventData::GpuFd {
+        op: op.into(),
+        fd: p.fd,
+        dev: p.dev,
+        cloexec: p.flags & FD_CLOEXEC != 0,
+        truncated: p.flags & FD_WALK_TRUNCATED != 0,
+        file: p.file,
+        refcount: p.refcount,
+    })
+}
+
+fn gpu_ioctl(p: c::GpuIoctl) -> EventData {
+    EventData::GpuIoctl {
+        fd: p.fd,
+        cmd: p.cmd,
+        dev: p.dev,
+        ret: p.ret,
+        duration_ns: p.duration_ns,
+        file: p.file,
+        h_root: p.h_root,
+        h_parent: p.h_parent,
+        h_object: p.h_object,
+        h_class: p.h_class,
+        status: p.status,
+        ctrl_cmd: p.ctrl_cmd,
+        size: p.size,
+    }
+}
+
+fn teardown_sample(p: c::TeardownSample) -> Result<EventData, DecodeError> {
+    let sample =
+        SampleKind::from_raw(p.kind).ok_or(DecodeError::BadField("TeardownSample.kind", p.kind))?;
+    Ok(EventData::TeardownSample {
+        sample: sample.into(),
+        stack_id: p.stack_id,
+        owner: p.owner,
+        tid: p.tid,
+        blocked_ns: p.blocked_ns,
+    })
+}
+
+fn gpu_xid(p: c::GpuXid) -> EventData {
+    let message = text(&p.msg.0);
+    EventData::GpuXid {
+        xid: p.xid,
+        pci: text(&p.pci),
+        truncated: p.msg_len as usize > message.len() + 1,
+        message,
+        source: XidSource::Tracepoint,
+    }
 }
 
 /// The bytes as `T`, or `None` when there are too few: the one place records are read raw.

@@ -2,14 +2,7 @@
 //! about GPU holders captured while they are alive. All of them become events, so a recording
 //! replays without the machine.
 
-use std::{
-    collections::HashSet,
-    fs::File,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-};
+use std::{collections::HashSet, fs::File, sync::Arc};
 
 use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -23,6 +16,7 @@ use super::{
     stacks::StackResolver,
 };
 use crate::{
+    analysis::{memory::NvmlNeed, Demands},
     clock::boottime_ns,
     event::{Event, EventData, FdOp},
     probe::{devices::GpuDevices, Probes},
@@ -38,10 +32,10 @@ pub struct GpuSources {
     described: HashSet<u32>,
     stacks: Option<StackResolver>,
     /// Set while an incident awaits GPU memory: NVML reads every millisecond and the stack
-    /// sampler runs.
+    /// sampler runs. Shared with the NVML sampler's thread.
     awaited: Arc<Pace>,
-    /// Set by the analysis while no incident is open: the stacks resolved so far can go.
-    idle: Arc<AtomicBool>,
+    /// No incident is open: the stacks resolved so far can go.
+    idle: bool,
     /// `--lean`: no open is traced, so a pid NVML lists for the first time gets a /proc look.
     lean: bool,
     devices: GpuDevices,
@@ -49,8 +43,9 @@ pub struct GpuSources {
     looked_up: HashSet<u32>,
     /// The last snapshot group id handed out.
     last_group: u64,
-    /// Set by the analysis when a dead holder's files have holders it does not know.
-    search: Arc<AtomicBool>,
+    /// The analysis wants the holders of GPU files searched: a dead holder's files have holders
+    /// it does not know.
+    search: bool,
     /// The collector's CPU time by part, and the collector thread's clock of it.
     cost: Cost,
     watch: Stopwatch,
@@ -149,12 +144,12 @@ impl GpuSources {
             described,
             stacks,
             awaited,
-            idle: Arc::new(AtomicBool::new(true)),
+            idle: true,
             lean,
             devices: devices.clone(),
             looked_up,
             last_group,
-            search: Arc::new(AtomicBool::new(false)),
+            search: false,
             watch: cost.watch(Part::Housekeeping),
             cost,
         }
@@ -277,30 +272,31 @@ impl GpuSources {
     }
 
     /// A reader of the processes holding GPU files now, as at start (for checkpoints).
-    pub fn snapshotter(&self) -> crate::output::Snapshot {
+    pub fn snapshotter(&self) -> procfs::Snapshot {
         let (devices, how) = (self.devices.clone(), self.how.clone());
         Box::new(move || procfs::snapshot(&devices, &how))
     }
 
-    /// The switch the analysis sets while GPU memory is awaited.
-    pub fn awaited(&self) -> Arc<Pace> {
-        Arc::clone(&self.awaited)
-    }
-
-    /// The switch the analysis sets while it has no open incident.
-    pub fn idle(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.idle)
-    }
-
-    /// The switch the analysis sets when it wants the holders of GPU files searched.
-    pub fn search_switch(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.search)
+    /// Follows what the analysis wants after a batch: how often NVML is read (the answer
+    /// walks every watch, thousands in a kill storm, so it is asked once per batch, which
+    /// takes a millisecond or two against teardowns of over 100 ms), whether resolved stacks
+    /// can go, whether to search.
+    pub fn steer(&mut self, demands: Demands) {
+        let period = match demands.nvml {
+            NvmlNeed::Quiet => None,
+            NvmlNeed::Await => Some(nvml::AWAIT_PERIOD),
+            NvmlNeed::Confirm => Some(nvml::CONFIRM_PERIOD),
+            NvmlNeed::Fast => Some(nvml::FAST_PERIOD),
+        };
+        self.awaited.set_period(period);
+        self.idle = demands.idle;
+        self.search |= demands.search;
     }
 
     /// When a search is wanted: every process holding GPU files now (from /proc), for the
     /// programs to walk. Who got the files unseen is among them.
     pub fn take_search(&mut self) -> Option<Vec<u32>> {
-        if !self.search.swap(false, Ordering::Relaxed) {
+        if !std::mem::take(&mut self.search) {
             return None;
         }
         let pids = procfs::holding_gpu_files(&self.devices);
@@ -317,7 +313,7 @@ impl GpuSources {
         let Some(stacks) = &mut self.stacks else {
             return;
         };
-        if self.idle.load(Ordering::Relaxed) {
+        if self.idle {
             stacks.forget_all();
         } else {
             stacks.forget_stale(now_ns);

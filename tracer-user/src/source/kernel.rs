@@ -1,14 +1,17 @@
 //! The kernel source: ring buffer records and drop counts as events.
 
+use std::time::Duration;
+
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use log::warn;
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::{collect::Tap, decode::decode};
+use super::decode::decode;
 use crate::{
     error::Result,
     event::{Event, EventData, Strategy},
     probe::{devices::GpuDevices, Probes},
+    stream::Tap,
 };
 
 pub struct KernelSource {
@@ -118,8 +121,9 @@ impl KernelSource {
     }
 
     /// [`EventData::Loss`] events for what the kernel lost since the last call: ring buffer
-    /// drops first, then failed map inserts by kind.
-    pub fn poll_losses(&mut self, now_ns: u64) -> Vec<Event> {
+    /// drops first, then failed map inserts by kind. The collector polls every `period`.
+    pub fn poll_losses(&mut self, now_ns: u64, period: Duration) -> Vec<Event> {
+        let period_ns = period.as_nanos() as u64;
         let mut out = Vec::new();
         for (slot, reported) in self.reported.iter_mut().enumerate() {
             let Some(what) = tracer_common::Loss::from_raw(slot as u32) else {
@@ -136,7 +140,12 @@ impl KernelSource {
             if count > 0 {
                 *reported = total;
                 let what = what.into();
-                out.push(Event::collector(now_ns, EventData::Loss { count, what }));
+                let loss = EventData::Loss {
+                    count,
+                    what,
+                    period_ns,
+                };
+                out.push(Event::collector(now_ns, loss));
             }
         }
         out

@@ -172,6 +172,9 @@ pub fn stat(pid: u32) -> Option<ProcStat> {
     })
 }
 
+/// The processes holding GPU files now, as /proc says (snapshot events), taken when asked.
+pub type Snapshot = Box<dyn Fn() -> Vec<EventData>>;
+
 /// Every GPU descriptor held now, as snapshot events (descriptors of one open file share a
 /// group, found with kcmp, numbered from 1), plus each holder's /proc facts.
 pub fn snapshot(devices: &GpuDevices, how: &Describe) -> Vec<EventData> {

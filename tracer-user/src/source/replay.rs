@@ -5,7 +5,7 @@ use std::{fs::File, io::Read, ops::ControlFlow, path::Path};
 
 use super::decode::decode;
 use crate::{
-    event::{Event, EventData, LossKind},
+    event::{Event, EventData, LossKind, UNRECORDED_LOSS_PERIOD_NS},
     trace::{
         prefetch::Prefetch,
         reader::{ReadStats, TraceReader},
@@ -111,11 +111,16 @@ impl<R: Read> Replay<R> {
                         }
                     },
                     Ok(Record::Tick { ts_ns }) => Event::collector(ts_ns, EventData::Tick),
-                    Ok(Record::Loss { ts_ns, count }) => Event::collector(
+                    Ok(Record::Loss {
+                        ts_ns,
+                        count,
+                        period_ns,
+                    }) => Event::collector(
                         ts_ns,
                         EventData::Loss {
                             count,
                             what: LossKind::Ring,
+                            period_ns: period_ns.unwrap_or(UNRECORDED_LOSS_PERIOD_NS),
                         },
                     ),
                     Ok(Record::Event(json)) => match serde_json::from_slice(json) {

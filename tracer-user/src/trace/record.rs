@@ -15,6 +15,8 @@ pub enum Record<'a> {
     Loss {
         ts_ns: u64,
         count: u64,
+        /// How long a report covers; `None` in recordings made before it was written.
+        period_ns: Option<u64>,
     },
     /// An `Event` as JSON.
     Event(&'a [u8]),
@@ -41,10 +43,11 @@ pub fn put_tick(body: &mut Vec<u8>, ts_ns: u64) {
     put(body, kind::TICK, &ts_ns.to_le_bytes());
 }
 
-pub fn put_loss(body: &mut Vec<u8>, ts_ns: u64, count: u64) {
-    let mut p = [0u8; 16];
+pub fn put_loss(body: &mut Vec<u8>, ts_ns: u64, count: u64, period_ns: u64) {
+    let mut p = [0u8; 24];
     p[..8].copy_from_slice(&ts_ns.to_le_bytes());
-    p[8..].copy_from_slice(&count.to_le_bytes());
+    p[8..16].copy_from_slice(&count.to_le_bytes());
+    p[16..].copy_from_slice(&period_ns.to_le_bytes());
     put(body, kind::LOSS, &p);
 }
 
@@ -109,6 +112,7 @@ fn parse(kind_id: u16, mut p: &[u8]) -> Record<'_> {
         kind::LOSS if p.len() >= 16 => Record::Loss {
             ts_ns: p.get_u64_le(),
             count: p.get_u64_le(),
+            period_ns: (p.len() >= 8).then(|| p.get_u64_le()),
         },
         _ => unknown,
     }
@@ -124,7 +128,12 @@ mod tests {
         put(&mut body, kind::KERNEL, b"raw");
         put_tick(&mut body, 7);
         put(&mut body, 0x7777, b"from the future");
-        put_loss(&mut body, 8, 3);
+        put_loss(&mut body, 8, 3, 1000);
+        // A loss as writers before the period wrote it.
+        let mut old = [0u8; 16];
+        old[..8].copy_from_slice(&9u64.to_le_bytes());
+        old[8..].copy_from_slice(&4u64.to_le_bytes());
+        put(&mut body, kind::LOSS, &old);
         let got: Vec<_> = Records::new(&body).collect();
         assert_eq!(
             got,
@@ -135,7 +144,16 @@ mod tests {
                     kind: 0x7777,
                     len: 15
                 }),
-                Ok(Record::Loss { ts_ns: 8, count: 3 }),
+                Ok(Record::Loss {
+                    ts_ns: 8,
+                    count: 3,
+                    period_ns: Some(1000)
+                }),
+                Ok(Record::Loss {
+                    ts_ns: 9,
+                    count: 4,
+                    period_ns: None
+                }),
             ]
         );
     }

@@ -15,14 +15,14 @@ use crate::event::{Event, EventData, LossKind};
 enum Item {
     Kernel(Vec<u8>),
     Tick(u64),
-    Loss(u64, u64),
+    Loss(u64, u64, u64),
 }
 
 fn item() -> impl Strategy<Value = Item> {
     prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..120).prop_map(Item::Kernel),
         any::<u64>().prop_map(Item::Tick),
-        (any::<u64>(), any::<u64>()).prop_map(|(t, c)| Item::Loss(t, c)),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(t, c, p)| Item::Loss(t, c, p)),
     ]
 }
 
@@ -36,11 +36,12 @@ fn write(items: &[Item], options: WriterOptions) -> Vec<u8> {
         match item {
             Item::Kernel(raw) => w.kernel(raw),
             Item::Tick(t) => w.event(&Event::collector(*t, EventData::Tick)),
-            Item::Loss(t, c) => w.event(&Event::collector(
+            Item::Loss(t, c, p) => w.event(&Event::collector(
                 *t,
                 EventData::Loss {
                     count: *c,
                     what: LossKind::Ring,
+                    period_ns: *p,
                 },
             )),
         }
@@ -57,7 +58,11 @@ fn read(bytes: &[u8]) -> Result<(Vec<Item>, bool), TraceError> {
             match rec.expect("a chunk whose checksum holds is well formed") {
                 Record::Kernel(raw) => out.push(Item::Kernel(raw.to_vec())),
                 Record::Tick { ts_ns } => out.push(Item::Tick(ts_ns)),
-                Record::Loss { ts_ns, count } => out.push(Item::Loss(ts_ns, count)),
+                Record::Loss {
+                    ts_ns,
+                    count,
+                    period_ns: Some(p),
+                } => out.push(Item::Loss(ts_ns, count, p)),
                 Record::End(_) | Record::Processes(_) => {}
                 other => panic!("unexpected record {other:?}"),
             }

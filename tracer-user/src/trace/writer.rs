@@ -19,7 +19,7 @@ use super::{
 use crate::{
     event::{Event, EventData, LossKind},
     output::{Existing, OutputError, OutputFile},
-    source::collect::Tap,
+    stream::Tap,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -152,7 +152,8 @@ impl<W: Write> TraceWriter<W> {
             EventData::Loss {
                 count,
                 what: LossKind::Ring,
-            } if zero => record::put_loss(&mut self.body, e.ts_ns, count),
+                period_ns,
+            } if zero => record::put_loss(&mut self.body, e.ts_ns, count, period_ns),
             _ => match serde_json::to_vec(e) {
                 Ok(json) => record::put(&mut self.body, kind::EVENT, &json),
                 Err(err) => return self.fail(err.into()),

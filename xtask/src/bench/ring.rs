@@ -36,6 +36,18 @@ pub fn section(md: &mut String, results: &Results, targets: &mut Vec<Target>) ->
          arriving.\n"
     );
 
+    let rows = sweep_table(md, runs)?;
+    by_ring_size(md, &rows, targets);
+    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```", sweep.command);
+
+    let kernel = syscall_table(md, syscall)?;
+    let decode_ns = decode_table(md, decode)?;
+    where_time_goes(md, &rows, kernel, decode_ns);
+    Ok(())
+}
+
+/// One row per ring size and rate of the sweep.
+fn sweep_table(md: &mut String, runs: &[Value]) -> Result<Vec<SweepRow>> {
     let groups = group_runs(runs);
     md.push_str(
         "| Ring size | Rate | Offered, M/s | Delivered, M/s (median, min – max) | Rounds with \
@@ -68,6 +80,12 @@ pub fn section(md: &mut String, results: &Results, targets: &mut Vec<Target>) ->
         rows.push(row);
     }
 
+    Ok(rows)
+}
+
+/// Per ring size: the highest drop-free rate and where drops begin; the target is judged on
+/// the default size.
+fn by_ring_size(md: &mut String, rows: &[SweepRow], targets: &mut Vec<Target>) {
     md.push_str(
         "\nBy ring size (a row counts as drop-free when no round of it dropped a record):\n\n",
     );
@@ -136,12 +154,6 @@ pub fn section(md: &mut String, results: &Results, targets: &mut Vec<Target>) ->
             met: rate >= 0.99 * RING_TARGET_PER_S,
         });
     }
-    let _ = writeln!(md, "\nCommand:\n\n```sh\n{}\n```", sweep.command);
-
-    let kernel = syscall_table(md, syscall)?;
-    let decode_ns = decode_table(md, decode)?;
-    where_time_goes(md, &rows, kernel, decode_ns);
-    Ok(())
 }
 
 /// Per-record cost on the producing side: getppid() untraced vs with `bench_tick` attached.

@@ -195,7 +195,7 @@ impl Correlator {
             EventData::Collector { pid } => self.self_pid = Some(*pid),
             EventData::Strategy(s) => {
                 // Opens are not all traced: a process not known to hold GPU files may.
-                self.lean = s.lean || !s.libraries.is_empty();
+                self.lean = s.mode().holders_from_nvml();
                 self.ioctls_traced = !s.lean && s.hooks.iter().any(|h| h.contains("ioctl"));
                 self.unseen = s.unseen.clone();
                 self.agenda.touch_all();

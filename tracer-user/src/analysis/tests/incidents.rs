@@ -105,6 +105,7 @@ fn lost_records_make_an_unconfirmed_release_incomplete() {
         EventData::Loss {
             count: 12,
             what: LossKind::Holders,
+            period_ns: 1_000_000_000,
         },
     );
     r.die(10, &[FILE], 100.1, 9);

@@ -213,6 +213,7 @@ fn incomplete_when_records_that_may_name_a_holder_were_lost() {
     let lost = EventData::Loss {
         count: 12,
         what: LossKind::Holders,
+        period_ns: 1_000_000_000,
     };
     r.feed(0, 100.05, lost);
     r.die(10, &[FILE], 100.1, 9);

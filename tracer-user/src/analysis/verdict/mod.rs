@@ -1,48 +1,13 @@
 //! Why the memory lingered (or did not): one primary verdict per incident, with its evidence
-//! and what to do about it. The verdict itself is plain data; `rules` decides it.
+//! and what to do about it. The verdict itself is plain data beside the incident
+//! (incident/verdict_part.rs); `rules` decides it.
 
-use serde::Serialize;
+pub use super::incident::{Verdict, VerdictKind};
 
 pub mod facts;
 mod held;
 pub mod rules;
 mod undead;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VerdictKind {
-    /// The memory came back in the usual way.
-    Released,
-    /// Other processes held the dead process's GPU files.
-    SharedFd,
-    /// Another process imported some of its memory (CUDA IPC, an exported handle) and holds it.
-    Imported,
-    /// The driver handed the release to one of its kthreads.
-    DeferredClose,
-    /// A thread sleeps uninterruptibly inside the driver.
-    StuckInDriver,
-    /// The memory came back, but slowly (or is still on its way after `slow_after`).
-    SlowTeardown,
-    /// The fatal signal is pending but the process does not exit.
-    NotDelivered,
-    /// NVML accounts the memory to a pid that cannot be seen here.
-    PidUnresolved,
-    /// Memory still in use though no known process holds the files or imported them.
-    UnknownHolder,
-    /// The memory appears back but the kernel lost records while this was traced, and NVML
-    /// did not confirm it; or NVML charges it to a process whose traced driver calls show no
-    /// import of it: linger cannot vouch for it.
-    Incomplete,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Verdict {
-    pub kind: VerdictKind,
-    /// Facts that support it, in words.
-    pub evidence: Vec<String>,
-    /// What to do.
-    pub hint: String,
-}
 
 /// Bytes as GiB with one decimal (MiB below 1 GiB).
 pub fn gib(bytes: u64) -> String {

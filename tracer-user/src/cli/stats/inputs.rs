@@ -14,11 +14,10 @@ use serde_json::Value;
 use tracer_user::{
     analysis::{merge::Source, Correlator},
     escape,
+    live::report,
     source::replay::Replay,
     trace::format::MAGIC,
 };
-
-use super::super::report;
 
 /// Read at a time past blank space at the start of a file, until something else.
 const BLANK_STEP: u64 = 4096;

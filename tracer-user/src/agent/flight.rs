@@ -26,12 +26,13 @@ use std::{
 use log::warn;
 use prometheus_client::metrics::counter::Counter;
 
-use super::{check_state_dir, Existing, OutputFile};
 use crate::{
     analysis::{verdict::VerdictKind, Incident},
     escape,
     event::{Event, EventData},
-    source::{collect::Tap, procfs},
+    output::{check_state_dir, Existing, OutputFile},
+    source::procfs::{self, Snapshot},
+    stream::Tap,
     trace::{writer, EndSummary, TraceMeta, TraceReader, TraceWriter, WriterOptions},
 };
 
@@ -44,9 +45,6 @@ const MIN_SEGMENT_NS: u64 = 10_000_000_000;
 /// An incident waiting for its trace closes the segment being written once it is this old:
 /// its file comes within seconds, and a busy node's segments close at most this often.
 const PENDING_CLOSE_NS: u64 = 5_000_000_000;
-
-/// The processes holding GPU files now, as /proc says (snapshot events).
-pub type Snapshot = Box<dyn Fn() -> Vec<EventData>>;
 
 pub struct FlightOptions {
     /// How much of the past the segments keep.

@@ -3,15 +3,15 @@
 
 use std::{io::Write, ops::ControlFlow};
 
-use serde_json::json;
-use tracer_user::{
-    analysis::{incident::Node, memory::NvmlNeed, Correlator, CorrelatorConfig, Output as Record},
+use crate::{
+    analysis::{incident::Node, Correlator, CorrelatorConfig, Demands, Output as Record},
     clock::WallAnchor,
     escape,
     event::{Event, EventData, LossKind},
     sink::{json, text},
     trace::TraceMeta,
 };
+use serde_json::json;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Output {
@@ -65,7 +65,7 @@ impl<'a, W: Write> Report<'a, W> {
         if self.failure.is_some() {
             return ControlFlow::Break(());
         }
-        if let EventData::Loss { count, what } = event.data {
+        if let EventData::Loss { count, what, .. } = event.data {
             if let Err(e) = self.report_loss(event.ts_ns, count, what) {
                 self.failure = Some(e);
                 return ControlFlow::Break(());
@@ -95,19 +95,9 @@ impl<'a, W: Write> Report<'a, W> {
             .unwrap_or_default()
     }
 
-    /// See [`Correlator::is_idle`].
-    pub fn is_idle(&self) -> bool {
-        self.correlator.is_idle()
-    }
-
-    /// See [`Correlator::take_search_request`].
-    pub fn take_search_request(&mut self) -> bool {
-        self.correlator.take_search_request()
-    }
-
-    /// See [`Correlator::nvml_need`].
-    pub fn nvml_need(&self) -> NvmlNeed {
-        self.correlator.nvml_need()
+    /// What the analysis wants of the GPU side after the events so far (see [`Demands`]).
+    pub fn demands(&mut self) -> Demands {
+        Demands::of(&mut self.correlator)
     }
 
     /// Writes out what the records since the last flush left buffered: once per batch of
@@ -183,6 +173,9 @@ impl<'a, W: Write> Report<'a, W> {
                     "listing(s) of GPU files above descriptor {} (a table walk stops there)",
                     tracer_common::FD_WALK_MAX
                 ),
+                LossKind::Calls => {
+                    "driver or library call(s) under way: not decoded or not timed".to_string()
+                }
                 other => format!("{other:?} map insert(s): map full").to_lowercase(),
             };
             eprintln!("linger: the kernel lost {count} {what}");

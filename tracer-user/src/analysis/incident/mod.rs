@@ -1,20 +1,32 @@
 //! An incident: one process's death (and every fatal signal that led to it), followed until
 //! its GPU memory is back. Serialized as JSON lines (schema: docs/incident-json.md).
+//!
+//! The record and its parts are plain data here, importing none of the rules that fill them
+//! (`analysis/termination.rs`, `verdict.rs`, `ledger.rs`, `gpu_errors.rs`).
+
+mod gpu_error;
+mod ledger_part;
+mod process;
+mod termination_part;
+mod verdict_part;
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use self::{
+    gpu_error::GpuError,
+    ledger_part::{Bytes, ClassTotal, FailedAlloc},
+    process::{Action, Delivery, ExitStatus, Outcome, ReapHow, Reaper, Sender, Target, ThreadExit},
+    termination_part::{Mode, SignalSent, Termination},
+    verdict_part::{Verdict, VerdictKind},
+};
 use super::{
-    gpu_errors::GpuError,
     holders::{HeldFile, Holder},
-    ledger::{Bytes, ClassTotal, FailedAlloc},
     signals::Origin,
     teardown::{DriverRelease, PhaseTime},
-    termination::Termination,
-    verdict::Verdict,
 };
-use crate::event::{LossKind, Workload};
+use crate::event::LossKind;
 
 /// Version of the JSON records; bumped when a field's meaning changes.
 pub const SCHEMA: u32 = 2;
@@ -113,7 +125,7 @@ impl Incident {
             node: None,
             wall_time: None,
             termination: Termination {
-                mode: super::termination::Mode::Exit,
+                mode: Mode::Exit,
                 signals: Vec::new(),
                 grace_ns: None,
             },
@@ -276,137 +288,6 @@ pub struct Storm {
 pub struct LossCount {
     pub what: LossKind,
     pub count: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Sender {
-    /// 0 when the kernel sent it on its own behalf.
-    pub pid: u32,
-    pub tid: u32,
-    /// "kernel" when no user process sent it.
-    pub comm: String,
-    /// The task that was running when the kernel sent it (the faulting or allocating task).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub context_pid: Option<u32>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Target {
-    pub pid: u32,
-    pub comm: String,
-    /// Threads in the group when the signal was generated.
-    pub threads: u32,
-    /// The pod, container or Slurm job it ran for, when its cgroup names one (GPU holders:
-    /// /proc is read when they open a GPU file, fork from one, or exec).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub workload: Option<Workload>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Delivery {
-    pub tid: u32,
-    pub t_ns: u64,
-    pub sig: u32,
-    pub action: Action,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    Default,
-    Ignore,
-    Handler,
-}
-
-impl Action {
-    pub fn from_handler(handler: u64) -> Self {
-        match handler {
-            0 => Self::Default,
-            1 => Self::Ignore,
-            _ => Self::Handler,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ThreadExit {
-    pub tid: u32,
-    pub t_ns: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ExitStatus {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signal: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<u32>,
-}
-
-impl ExitStatus {
-    /// From `task->exit_code`: signal number in the low 7 bits, or status << 8.
-    pub fn from_code(code: u32) -> Self {
-        match code & 0x7f {
-            0 => Self {
-                signal: None,
-                status: Some((code >> 8) & 0xff),
-            },
-            sig => Self {
-                signal: Some(sig),
-                status: None,
-            },
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Reaper {
-    /// None when the kernel freed the task and the reaper was not seen.
-    pub pid: Option<u32>,
-    pub comm: Option<String>,
-    pub how: ReapHow,
-}
-
-impl Reaper {
-    /// The reaper's wait4() returned the pid.
-    pub fn waited(pid: u32, comm: &str) -> Self {
-        Self {
-            pid: Some(pid),
-            comm: Some(comm.to_string()),
-            how: ReapHow::Wait,
-        }
-    }
-
-    /// Nobody seen: the kernel freed the task.
-    pub fn freed() -> Self {
-        Self {
-            pid: None,
-            comm: None,
-            how: ReapHow::Freed,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReapHow {
-    /// The reaper's wait4() returned the pid, at `t_reaped_ns` exactly.
-    Wait,
-    /// No wait4 hook: its parent (the process its SIGCHLD went to) reaped it, between
-    /// `t_zombie_ns` and `t_reaped_ns`, when the kernel freed the task an RCU grace period
-    /// later.
-    Parent,
-    /// Seen only when the kernel freed the task, and no SIGCHLD went to a parent (auto-reaped,
-    /// or its parent ignores SIGCHLD): `t_reaped_ns` is an upper bound.
-    Freed,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Every thread exited.
-    Exited,
-    /// Still alive: tracing stopped first, or a SIGKILLed process would not die.
-    Pending,
 }
 
 impl Incident {

@@ -1,0 +1,116 @@
+//! The programs' maps as user space reads and fills them: flags, the GPU devices, the holders
+//! found before tracing, and the maps taken out for the readers.
+
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
+
+use super::{devices::GpuDevices, load::Probes};
+use crate::error::{ObjectError, Result};
+
+impl Probes {
+    /// Slot 0 of the one-slot array `name`, a flag the programs read.
+    fn flag(&mut self, name: &str) -> Option<u32> {
+        let flag: Array<_, u32> = Array::try_from(self.ebpf.map_mut(name)?).ok()?;
+        flag.get(&0, 0).ok()
+    }
+
+    /// Sets slot 0 of the one-slot array `name`.
+    pub(super) fn set_flag(&mut self, name: &str, v: u32) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| ObjectError::MissingMap(name.into()))?;
+        let mut flag: Array<_, u32> = Array::try_from(map).map_err(ObjectError::map(name))?;
+        flag.set(0, v, 0).map_err(ObjectError::map(name))?;
+        Ok(())
+    }
+
+    /// Tells the programs which devices are GPU files.
+    pub(super) fn fill_gpu_devices(&mut self, devices: &GpuDevices) -> Result<()> {
+        self.insert_all("GPU_MAJORS", devices.majors.iter().copied())?;
+        self.insert_all("GPU_DEVS", devices.devs.iter().copied())
+    }
+
+    /// Marks processes found holding GPU files before tracing began.
+    pub fn add_holders(&mut self, pids: impl IntoIterator<Item = u32>) -> Result<()> {
+        self.insert_all("HOLDERS", pids)
+    }
+
+    /// Inserts each key into the set `name` (a hash map whose values are unused).
+    fn insert_all(&mut self, name: &str, keys: impl IntoIterator<Item = u32>) -> Result<()> {
+        let mut set: HashMap<_, u32, u8> = self.map_mut(name)?;
+        for key in keys {
+            set.insert(key, 1, 0).map_err(ObjectError::map(name))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn map_mut<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &str,
+    ) -> Result<HashMap<&mut MapData, K, V>> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| ObjectError::MissingMap(name.into()))?;
+        Ok(HashMap::try_from(map).map_err(ObjectError::map(name))?)
+    }
+
+    fn take_map(&mut self, name: &str) -> Result<Map, ObjectError> {
+        self.ebpf
+            .take_map(name)
+            .ok_or_else(|| ObjectError::MissingMap(name.into()))
+    }
+
+    /// Takes the ring buffer out for the reader.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.take_map("EVENTS")?;
+        Ok(RingBuf::try_from(map).map_err(ObjectError::map("EVENTS"))?)
+    }
+
+    /// Takes the kernel stack map out for the symbolizer.
+    pub fn take_stacks(&mut self) -> Result<StackTraceMap<MapData>> {
+        let map = self.take_map("STACKS")?;
+        Ok(StackTraceMap::try_from(map).map_err(ObjectError::map("STACKS"))?)
+    }
+
+    /// Takes the per-CPU drop counter out for the reader.
+    pub fn take_drops(&mut self) -> Result<PerCpuArray<MapData, u64>> {
+        let map = self.take_map("DROPS")?;
+        Ok(PerCpuArray::try_from(map).map_err(ObjectError::map("DROPS"))?)
+    }
+
+    /// Clears the programs' "someone is dying" hint once nobody is, so the scheduler hooks
+    /// cost one array read; sets it again if a process started dying meanwhile.
+    pub fn refresh_dying_hint(&mut self) {
+        // Clear already: nothing to look at (walking the empty hash map costs a scan of all
+        // its buckets, every tick).
+        if self.flag("DYING_HINT") == Some(0) {
+            return;
+        }
+        let empty = |p: &mut Self| -> Option<bool> {
+            let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
+            Some(dying.keys().next().is_none())
+        };
+        if empty(self) != Some(true) {
+            return;
+        }
+        // A failed write leaves the hint set: the hooks then only look up DYING.
+        let _ = self.set_flag("DYING_HINT", 0);
+        if empty(self) == Some(false) {
+            let _ = self.set_flag("DYING_HINT", 1);
+        }
+    }
+
+    /// Samples on-CPU stacks on every CPU while a GPU holder may be dying (the programs' hint;
+    /// an unreadable one says yes), or stops; see [`Sampler`](super::sampling::Sampler).
+    pub fn sample_while_dying(&mut self) -> Result<()> {
+        if self.sampler.is_none() {
+            return Ok(());
+        }
+        let on = self.flag("DYING_HINT") != Some(0);
+        match &mut self.sampler {
+            Some(sampler) => sampler.set(&mut self.ebpf, on),
+            None => Ok(()),
+        }
+    }
+}
