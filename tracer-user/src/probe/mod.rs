@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod library;
 pub mod load;
 pub mod offsets;
+mod plt;
 pub mod questions;
 pub mod sampling;
 mod search;
