@@ -440,3 +440,16 @@ pub fn duration(entry: &Value, exit: &Value) -> Result<u64> {
     }
     Ok(duration)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fentry_is_expected_on_x86_64_and_on_arm64_from_6_4() {
+        let allowed = ["5.10.0-46-amd64", "6.1.0-57-arm64", "6.12.95+deb12-arm64"]
+            .map(|release| fentry_allowed(release).ok());
+        assert_eq!(allowed, [Some(true), Some(false), Some(true)]);
+        assert!(fentry_allowed("unknown-arm64").is_err());
+    }
+}
