@@ -29,9 +29,17 @@ pub static GPU_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 #[map]
 pub static HOLDERS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
-const NR_OPEN: i32 = 2;
-const NR_OPENAT: i32 = 257;
-const NR_OPENAT2: i32 = 437;
+/// Whether system call `nr` opens a file: x86-64's open, openat and openat2; arm64 has the
+/// generic table's numbers (no open, openat 56; openat2 has one number everywhere). With
+/// x86-64's on arm64, every open read as a dup (the arm64 VM, 6.1, 2026-12-04).
+fn opens(nr: i32) -> bool {
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    let opens = matches!(nr, 2 | 257 | 437);
+    #[cfg(bpf_target_arch = "aarch64")]
+    let opens = matches!(nr, 56 | 437);
+    opens
+}
+
 const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
 
@@ -88,11 +96,7 @@ pub fn fd_installed(ctx: TracePointContext) -> u32 {
     if ret < 0 {
         return 0;
     }
-    let op = if matches!(nr, NR_OPEN | NR_OPENAT | NR_OPENAT2) {
-        FdOp::Open
-    } else {
-        FdOp::Dup
-    };
+    let op = if opens(nr) { FdOp::Open } else { FdOp::Dup };
     installed(op, ret as u32);
     0
 }

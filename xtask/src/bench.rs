@@ -229,7 +229,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let root = build::workspace_root();
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
-    build::linger()?;
+    build::linger(build::Arch::Host)?;
     let mut cargo = build::cargo()?;
     cargo.current_dir(&root).args([
         "build",

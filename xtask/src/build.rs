@@ -4,7 +4,39 @@ use std::{env, path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 
-use crate::setup;
+use crate::{cross, setup};
+
+/// Which machine a build is for.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+pub enum Arch {
+    /// This machine's.
+    Host,
+    /// arm64 (Grace hosts), with Debian's gcc-aarch64-linux-gnu.
+    Aarch64,
+}
+
+/// `cargo SUBCOMMAND` building for `arch`.
+fn cargo_for(arch: Arch, subcommand: &str) -> Result<Command> {
+    match arch {
+        Arch::Host => {
+            let mut cargo = cargo()?;
+            cargo.arg(subcommand);
+            Ok(cargo)
+        }
+        Arch::Aarch64 => cross::cargo(subcommand),
+    }
+}
+
+/// Where the release builds for `arch` land.
+fn release_dir(arch: Arch) -> PathBuf {
+    match arch {
+        Arch::Host => workspace_root().join("target/release"),
+        Arch::Aarch64 => workspace_root()
+            .join("target")
+            .join(cross::TARGET)
+            .join("release"),
+    }
+}
 
 /// A `cargo` command with bpf-linker first on PATH. xtask's builds and tests through it pass
 /// `--locked`: a stale Cargo.lock fails them instead of being rewritten.
@@ -24,10 +56,9 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds target/release/linger and returns its path.
-pub fn linger() -> Result<PathBuf> {
-    setup::status(cargo()?.args([
-        "build",
+/// Builds the release `linger` for `arch` and returns its path.
+pub fn linger(arch: Arch) -> Result<PathBuf> {
+    setup::status(cargo_for(arch, "build")?.args([
         "--locked",
         "--release",
         "--package",
@@ -35,15 +66,14 @@ pub fn linger() -> Result<PathBuf> {
         "--bin",
         "linger",
     ]))?;
-    Ok(workspace_root().join("target/release/linger"))
+    Ok(release_dir(arch).join("linger"))
 }
 
 /// Builds the integration test binary tests/tests/NAME.rs and returns its path (cargo names
 /// it by a hash of its build, which only cargo's own report tells).
-pub fn integration_test(name: &str) -> Result<PathBuf> {
-    let out = cargo()?
+pub fn integration_test(name: &str, arch: Arch) -> Result<PathBuf> {
+    let out = cargo_for(arch, "test")?
         .args([
-            "test",
             "--locked",
             "--release",
             "--package",
@@ -67,10 +97,9 @@ pub fn integration_test(name: &str) -> Result<PathBuf> {
         .with_context(|| format!("cargo built no {name} test binary"))
 }
 
-/// Builds one program of the linger-tests package and returns its path.
-pub fn test_bin(name: &str) -> Result<PathBuf> {
-    setup::status(cargo()?.args([
-        "build",
+/// Builds one program of the linger-tests package for `arch` and returns its path.
+pub fn test_bin(name: &str, arch: Arch) -> Result<PathBuf> {
+    setup::status(cargo_for(arch, "build")?.args([
         "--locked",
         "--release",
         "--package",
@@ -78,10 +107,10 @@ pub fn test_bin(name: &str) -> Result<PathBuf> {
         "--bin",
         name,
     ]))?;
-    Ok(workspace_root().join("target/release").join(name))
+    Ok(release_dir(arch).join(name))
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let bin = linger()?;
+    let bin = linger(Arch::Host)?;
     setup::status(Command::new(bin).args(args))
 }

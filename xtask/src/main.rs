@@ -10,6 +10,7 @@ mod setup;
 mod test;
 mod vm;
 
+use build::Arch;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -49,39 +50,35 @@ enum Command {
         /// Check this saved console log (target/vm/KERNEL/console.log) instead of booting.
         #[arg(long, value_name = "FILE")]
         console: Option<std::path::PathBuf>,
-        /// Only this kernel of the matrix: 5.10, 6.1 or 6.12.
+        /// Only this kernel of the matrix: 5.10, 6.1 or 6.12 (arm64: 6.1 or 6.12).
         #[arg(long, value_name = "VERSION")]
         kernel: Option<String>,
+        /// The guests' architecture: this machine's (x86-64), or arm64 under emulation.
+        #[arg(long, value_enum, default_value_t = Arch::Host)]
+        arch: Arch,
     },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Arch {
-    /// This machine's.
-    Host,
-    /// arm64 (Grace hosts), with Debian's gcc-aarch64-linux-gnu.
-    Aarch64,
-}
-
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::run().map(|_| ()),
-        Command::Build { arch: Arch::Host } => build::linger().map(|_| ()),
-        Command::Build {
-            arch: Arch::Aarch64,
-        } => cross::linger().map(|_| ()),
+        Command::Build { arch } => build::linger(arch).map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Lint => lint::run(),
         Command::Test { args } => {
             budget::check()?;
             test::run(&args)
         }
-        Command::Vm { console, kernel } => {
+        Command::Vm {
+            console,
+            kernel,
+            arch,
+        } => {
             let (passed, failed) = match console {
                 Some(path) => vm::check_saved(&path)?,
-                None => vm::run(kernel.as_deref())?,
+                None => vm::run(kernel.as_deref(), arch)?,
             };
             eprintln!("xtask vm: {passed} passed, {failed} failed");
             if failed > 0 {

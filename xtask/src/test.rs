@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use crate::{build, vm};
 
 pub fn run(args: &[String]) -> Result<()> {
-    let bin = build::linger()?;
+    let bin = build::linger(build::Arch::Host)?;
     // The agent's tests run a real Prometheus and promtool, from Debian's package.
     if ["prometheus", "promtool"]
         .iter()
@@ -56,7 +56,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // The VM runs even when a cargo test failed: both results are wanted. A VM that could
     // not boot counts as one failed test.
-    let vm = match vm::run(None).context("the VM test (cargo xtask vm) failed") {
+    let vm = match vm::run(None, build::Arch::Host).context("the VM test (cargo xtask vm) failed") {
         Ok(counts) => counts,
         Err(e) => {
             eprintln!("xtask test: {e:#}");

@@ -4,9 +4,11 @@
 //! `linger` and a stand-in NVIDIA driver module built against that kernel's headers; `init.sh`
 //! runs doctor, one kill scenario per forced strategy and one with the default strategy (the
 //! driver's hooks instead of system call tracepoints), and prints the results on the serial
-//! console, checked here.
+//! console, checked here. `--arch aarch64` boots Debian's arm64 kernels the same way, with
+//! everything in the guest cross-built (guest.rs).
 
 mod checks;
+mod guest;
 mod image;
 mod kernels;
 mod standin;
@@ -18,12 +20,16 @@ use std::{
     process::{Command, Stdio},
     sync::mpsc,
     thread,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build, setup};
+use crate::{
+    build::{self, Arch},
+    setup,
+};
+use guest::Guest;
 
 /// Packages the VM needs, from Debian's archive: installed when missing.
 const PACKAGES: &[&str] = &[
@@ -35,14 +41,19 @@ const PACKAGES: &[&str] = &[
     "dwarves",
 ];
 
-/// The guest's whole run (boot, doctor, the scenarios, the host tests) took 102 s under TCG on
-/// two busy cores (6.1, 2026-12-04); a hung guest is stopped here.
-const GUEST_LIMIT: Duration = Duration::from_secs(600);
-
 /// The host's integration tests (tests/tests/NAME.rs) that need no GPU and no tool the guest's
 /// busybox lacks: run in the guest too, so that what they assert holds on kernels that allow
 /// fentry and kprobes, not only on the build machine's.
 pub const HOST_TESTS: &[&str] = &["doctor", "cli_errors", "gpu_errors"];
+
+/// The arm64 guests' tools beyond the x86-64 ones': the emulator, the cross compiler, and
+/// qemu-user for the arm64 ldconfig (image.rs); each with its Debian package.
+const ARM64_TOOLS: [(&str, &str); 4] = [
+    ("qemu-system-aarch64", "qemu-system-arm"),
+    ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+    ("aarch64-linux-gnu-readelf", "binutils-aarch64-linux-gnu"),
+    ("qemu-aarch64-static", "qemu-user-static"),
+];
 
 /// What marks the guest's result lines on the console.
 const MARK: &str = "LINGER-VM ";
@@ -50,44 +61,46 @@ const MARK: &str = "LINGER-VM ";
 /// Boots each kernel of the matrix (or the one `only` names) and runs its checks: (passed,
 /// failed) over all of them. A kernel that cannot be fetched, or have its module built, counts
 /// as one failed check.
-pub fn run(only: Option<&str>) -> Result<(u64, u64)> {
+pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
     if env::consts::ARCH != "x86_64" {
         eprintln!(
-            "xtask vm: SKIPPED: the test VM boots Debian's amd64 kernel with \
-             qemu-system-x86_64, which cannot run on this {} host",
+            "xtask vm: SKIPPED: the test VM boots Debian's kernels with qemu on an amd64 \
+             host (its kbuild tools and packages are amd64's), not on this {} host",
             env::consts::ARCH
         );
         return Ok((0, 0));
     }
-    let specs: Vec<&kernels::Spec> = kernels::MATRIX
+    let guest = Guest { arch };
+    let specs: Vec<&kernels::Spec> = guest
+        .matrix()
         .iter()
         .filter(|k| only.is_none_or(|name| name == k.name))
         .collect();
     if specs.is_empty() {
-        let names: Vec<&str> = kernels::MATRIX.iter().map(|k| k.name).collect();
+        let names: Vec<&str> = guest.matrix().iter().map(|k| k.name).collect();
         bail!("no kernel {only:?} in the matrix ({})", names.join(", "));
     }
-    ensure_packages()?;
-    let root = build::workspace_root().join("target/vm");
+    ensure_packages(guest)?;
+    let root = build::workspace_root().join(guest.dir());
     // The library lands in the guest's root, where no library search looks: the late-driver
     // scenario installs it with the driver.
     let mut programs = vec![
-        build::linger()?,
-        build::test_bin("linger-vm-gpu")?,
-        standin::build_library(&root.join("standin-lib"))?,
+        build::linger(arch)?,
+        build::test_bin("linger-vm-gpu", arch)?,
+        standin::build_library(&root.join("standin-lib"), guest)?,
     ];
     // Each lands in the guest's root as /test-NAME, which init.sh runs.
     let tests = root.join("host-tests");
     fs::create_dir_all(&tests)?;
     for name in HOST_TESTS {
         let to = tests.join(format!("test-{name}"));
-        fs::copy(build::integration_test(name)?, &to)
+        fs::copy(build::integration_test(name, arch)?, &to)
             .with_context(|| format!("copying the {name} test"))?;
         programs.push(to);
     }
     let mut results = Vec::new();
     for spec in specs {
-        let result = one_kernel(&root, spec, &programs).unwrap_or_else(|e| {
+        let result = one_kernel(&root, spec, guest, &programs).unwrap_or_else(|e| {
             eprintln!("xtask vm: {}: FAILED: {e:#}", spec.name);
             (0, 1)
         });
@@ -102,16 +115,21 @@ pub fn run(only: Option<&str>) -> Result<(u64, u64)> {
     Ok(total)
 }
 
-fn one_kernel(root: &Path, spec: &kernels::Spec, programs: &[PathBuf]) -> Result<(u64, u64)> {
-    let kernel = kernels::resolve(root, spec)?;
+fn one_kernel(
+    root: &Path,
+    spec: &kernels::Spec,
+    guest: Guest,
+    programs: &[PathBuf],
+) -> Result<(u64, u64)> {
+    let kernel = kernels::resolve(root, spec, guest)?;
     let dir = root.join(spec.name);
     fs::create_dir_all(&dir)?;
-    let module = standin::build(&dir, &kernel)?;
-    let initramfs = image::build(&dir, programs, &module)?;
+    let module = standin::build(&dir, &kernel, guest)?;
+    let initramfs = image::build(&dir, programs, &module, guest, root)?;
     let started = Instant::now();
     eprintln!("xtask vm: booting {} under qemu (TCG)", kernel.release);
     let log = dir.join("console.log");
-    let console = boot(&kernel.vmlinuz, &initramfs, &log)?;
+    let console = boot(guest, &kernel.vmlinuz, &initramfs, &log)?;
     eprintln!(
         "xtask vm: guest ran {:.0} s (console: {})",
         started.elapsed().as_secs_f64(),
@@ -168,15 +186,15 @@ fn stock_kernel() -> Result<Kernel> {
         .context("no /boot/vmlinuz-*-amd64 although linux-image-amd64 is installed")
 }
 
-fn ensure_packages() -> Result<()> {
-    if stock_kernel().is_ok()
-        && ["qemu-system-x86_64", "busybox", "cpio", "pahole"]
-            .iter()
-            .all(|p| setup::which(p).is_some())
-    {
-        return Ok(());
+fn ensure_packages(guest: Guest) -> Result<()> {
+    let have = |tools: &[&str]| tools.iter().all(|t| setup::which(t).is_some());
+    if stock_kernel().is_err() || !have(&["qemu-system-x86_64", "busybox", "cpio", "pahole"]) {
+        install(PACKAGES)?;
     }
-    install(PACKAGES)
+    if guest.arch == Arch::Aarch64 && !have(&ARM64_TOOLS.map(|(tool, _)| tool)) {
+        install(&ARM64_TOOLS.map(|(_, package)| package))?;
+    }
+    Ok(())
 }
 
 /// `apt-get install`, refreshing the package lists once if the first attempt fails.
@@ -205,8 +223,9 @@ pub fn install(packages: &[&str]) -> Result<()> {
 }
 
 /// Boots the guest and returns its console output; the whole of it is also saved to `log`.
-fn boot(vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
-    let mut qemu = Command::new("qemu-system-x86_64")
+fn boot(guest: Guest, vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
+    let (mut qemu, console) = guest.qemu();
+    let mut qemu = qemu
         // One host thread runs both vCPUs: with a thread each (MTTCG), a vCPU can run a stale
         // translation of kernel text that another has just patched (a tracepoint's jump label
         // flipped as a probe detaches) and trap on an int3 no longer there: a guest Oops in
@@ -225,12 +244,13 @@ fn boot(vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
         .arg(vmlinuz)
         .arg("-initrd")
         .arg(initramfs)
-        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .arg("-append")
+        .arg(format!("console={console} quiet panic=-1"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting qemu-system-x86_64")?;
+        .with_context(|| format!("starting {:?}", guest.qemu().0.get_program()))?;
     let stdout = qemu.stdout.take().context("qemu stdout")?;
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
@@ -243,7 +263,8 @@ fn boot(vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
             }
         }
     });
-    let deadline = Instant::now() + GUEST_LIMIT;
+    let limit = guest.limit();
+    let deadline = Instant::now() + limit;
     let mut console = String::new();
     let mut finished = false;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -276,7 +297,7 @@ fn boot(vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
             let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
         }
         bail!(
-            "the guest did not finish within {GUEST_LIMIT:?} (qemu: {status}; {}); console in {}",
+            "the guest did not finish within {limit:?} (qemu: {status}; {}); console in {}",
             stderr.trim(),
             log.display()
         );

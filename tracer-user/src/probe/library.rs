@@ -14,24 +14,36 @@ use std::{
 
 use aya::Ebpf;
 use object::{
-    elf, read::elf::ElfFile64, Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable,
+    read::elf::ElfFile64, Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable,
     ReadCache, RelocationFlags, RelocationTarget,
 };
 
-use super::attach::{self, AttachError, Hook};
+use super::{
+    attach::{self, AttachError, Hook},
+    plt::Plt,
+};
 use crate::event::Strategy;
 
 /// The libraries through which CUDA programs and NVML users talk to the driver.
 pub const LIBRARIES: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
 
-/// Where they are when the linker's cache does not say (the driver's and containers' usual
-/// places).
-const FALLBACK_DIRS: [&str; 4] = [
-    "/usr/lib/x86_64-linux-gnu",
+/// Where they are when the linker's cache does not say: Debian's and Ubuntu's directories for
+/// this machine's architecture (multiarch), then the driver's and containers' usual places.
+const FALLBACK_DIRS: [&str; 5] = [
+    MULTIARCH[0],
+    MULTIARCH[1],
     "/usr/lib64",
     "/usr/local/nvidia/lib64",
     "/usr/lib",
 ];
+
+/// The multiarch directories of the architecture linger is built for: a library of another
+/// architecture is one no process here loads.
+const MULTIARCH: [&str; 2] = if cfg!(target_arch = "aarch64") {
+    ["/usr/lib/aarch64-linux-gnu", "/lib/aarch64-linux-gnu"]
+} else {
+    ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"]
+};
 
 /// The C library functions whose PLT entries are hooked, and by which programs: an entry
 /// program sees the arguments, a return program the result.
@@ -146,6 +158,13 @@ pub fn entries(path: &Path) -> Result<Library, String> {
     let cache = ReadCache::new(file);
     let elf = ElfFile64::<Endianness, _>::parse(&cache)
         .map_err(|e| format!("{}: not a 64-bit ELF file ({e})", path.display()))?;
+    let plt = Plt::of(elf.architecture()).ok_or_else(|| {
+        format!(
+            "{}: built for {:?}; only x86-64 and aarch64 libraries are read",
+            path.display(),
+            elf.architecture()
+        )
+    })?;
     let wanted: BTreeSet<&str> = IMPORTS.iter().chain([&CLOSE]).map(|(n, _)| *n).collect();
     let symbols = elf
         .dynamic_symbol_table()
@@ -156,7 +175,7 @@ pub fn entries(path: &Path) -> Result<Library, String> {
         let RelocationFlags::Elf { r_type } = reloc.flags() else {
             continue;
         };
-        if r_type != elf::R_X86_64_JUMP_SLOT && r_type != elf::R_X86_64_GLOB_DAT {
+        if !plt.slot_relocations().contains(&r_type) {
             continue;
         }
         let RelocationTarget::Symbol(index) = reloc.target() else {
@@ -170,14 +189,14 @@ pub fn entries(path: &Path) -> Result<Library, String> {
         }
     }
     let mut entries = BTreeMap::new();
-    for (section, size) in [(".plt.sec", 16), (".plt", 16), (".plt.got", 8)] {
+    for section in plt.sections() {
         let Some(s) = elf.section_by_name(section) else {
             continue;
         };
         let (Ok(data), Some((file_offset, _))) = (s.data(), s.file_range()) else {
             continue;
         };
-        for (at, name) in plt_jumps(data, s.address(), size, &slots) {
+        for (at, name) in plt.jumps(section, data, s.address(), &slots) {
             entries.entry(name).or_insert(file_offset + at);
         }
     }
@@ -185,32 +204,6 @@ pub fn entries(path: &Path) -> Result<Library, String> {
         path: path.to_path_buf(),
         entries,
     })
-}
-
-/// The entries of a PLT section (`entry`-byte slots at `address`) that jump through one of
-/// `slots` (`jmp *disp32(%rip)`, ff 25): each one's offset in the section and its function.
-fn plt_jumps(
-    data: &[u8],
-    address: u64,
-    entry: usize,
-    slots: &BTreeMap<u64, String>,
-) -> Vec<(u64, String)> {
-    let mut found = Vec::new();
-    for (i, slot) in data.chunks_exact(entry).enumerate() {
-        for at in 0..entry.saturating_sub(5) {
-            if slot[at] != 0xff || slot[at + 1] != 0x25 {
-                continue;
-            }
-            let disp = i32::from_le_bytes([slot[at + 2], slot[at + 3], slot[at + 4], slot[at + 5]]);
-            let next = address + (i * entry + at + 6) as u64;
-            let target = next.wrapping_add_signed(disp as i64);
-            if let Some(name) = slots.get(&target) {
-                found.push(((i * entry) as u64, name.clone()));
-            }
-            break;
-        }
-    }
-    found
 }
 
 /// The imports of `lib` hooked, with their programs and PLT entries' offsets.
@@ -301,27 +294,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_plt_entry_is_found_by_the_slot_it_jumps_through() {
-        // Two 16-byte entries at 0x1000: `jmp *0x2ffa(%rip)` -> 0x4000 (ioctl), and an
-        // IBT entry `endbr64; bnd jmp *disp(%rip)` -> 0x4008 (close).
-        let mut data = vec![0u8; 32];
-        data[0..6].copy_from_slice(&[0xff, 0x25, 0xfa, 0x2f, 0x00, 0x00]);
-        let disp = (0x4008i64 - (0x1000 + 16 + 4 + 1 + 6)) as i32;
-        data[16..20].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa]);
-        data[20] = 0xf2;
-        data[21..23].copy_from_slice(&[0xff, 0x25]);
-        data[23..27].copy_from_slice(&disp.to_le_bytes());
-        let slots = BTreeMap::from([(0x4000, "ioctl".to_string()), (0x4008, "close".into())]);
-        assert_eq!(
-            plt_jumps(&data, 0x1000, 16, &slots),
-            vec![(0, "ioctl".to_string()), (16, "close".to_string())]
-        );
-    }
-
-    #[test]
     fn a_driver_root_is_searched_like_the_machines_own() {
         let root = std::env::temp_dir().join(format!("linger-driver-root-{}", std::process::id()));
-        let lib_dir = root.join("usr/lib/x86_64-linux-gnu");
+        let lib_dir = root.join(MULTIARCH[0].trim_start_matches('/'));
         fs::create_dir_all(&lib_dir).expect("driver root");
         let real = lib_dir.join("libcuda.so.580.159.04");
         fs::write(&real, b"not ELF; found all the same").expect("library");
@@ -358,6 +333,30 @@ mod tests {
         assert!(bytes[plt as usize..plt as usize + 16]
             .windows(2)
             .any(|w| w == [0xff, 0x25]));
+    }
+
+    #[test]
+    fn an_aarch64_librarys_entries_are_found_in_every_plt_layout() {
+        // Built by tests/data/aarch64-plt/build.sh; the offsets are where
+        // `aarch64-linux-gnu-objdump -d -j .plt` puts dup@plt, open@plt, close@plt and
+        // ioctl@plt (.plt's file offset is its address in these files).
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/aarch64-plt");
+        for (file, [dup, open, close, ioctl]) in [
+            ("libtalk-plain.so", [0x570, 0x590, 0x5a0, 0x5c0]),
+            ("libtalk-bti.so", [0x600, 0x620, 0x630, 0x650]),
+            ("libtalk-pac.so", [0x570, 0x5a0, 0x5b8, 0x5e8]),
+            ("libtalk-bti-pac.so", [0x600, 0x630, 0x648, 0x678]),
+        ] {
+            let lib = entries(&dir.join(file)).expect("parse an aarch64 library");
+            let expected = [
+                ("close", close),
+                ("dup", dup),
+                ("ioctl", ioctl),
+                ("open", open),
+            ];
+            let expected = expected.map(|(name, at)| (name.to_string(), at));
+            assert_eq!(lib.entries, BTreeMap::from(expected), "{file}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod library;
 pub mod load;
 mod maps;
 pub mod offsets;
+mod plt;
 pub mod questions;
 pub mod sampling;
 mod search;

@@ -1,4 +1,5 @@
-//! What the guest must have printed: doctor finds fentry and kprobes usable; each forced
+//! What the guest must have printed: doctor finds kprobes usable, and fentry where the kernel
+//! allows it (every x86-64 kernel of the matrix; arm64 from 6.4, `fentry_allowed`); each forced
 //! strategy times `__fput` of the stand-in GPU file on the close path and on the exit path of
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
@@ -20,10 +21,19 @@ const GPU0: u64 = 1 << 20 | 7;
 /// Every check, each on its own: (passed, failed).
 pub fn run(console: &str) -> Result<(u64, u64)> {
     let guest = Guest::parse(console);
-    eprintln!("xtask vm: guest kernel {}", guest.one("kernel")?);
+    let release = guest.one("kernel")?;
+    eprintln!("xtask vm: guest kernel {release}");
+    let fentry = fentry_allowed(release)?;
     let results = [
-        ("doctor", doctor(&guest)),
-        ("fentry", scenario(&guest, "fentry")),
+        ("doctor", doctor(&guest, fentry)),
+        (
+            "fentry",
+            if fentry {
+                scenario(&guest, "fentry")
+            } else {
+                refused(&guest, "fentry", "fentry/__fput")
+            },
+        ),
         ("kprobe", scenario(&guest, "kprobe")),
         ("by-driver", by_driver::check(&guest)),
         ("late-driver", late_driver::check(&guest)),
@@ -98,25 +108,64 @@ impl<'a> Guest<'a> {
     }
 }
 
-fn doctor(guest: &Guest) -> Result<()> {
+/// The kernel series of release `kernel` (6.1.0-57-arm64: 6.1).
+fn series(kernel: &str) -> Result<(u32, u32)> {
+    let mut numbers = kernel.split(['.', '-', ' ']).map(|n| n.parse::<u32>());
+    let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
+        bail!("no kernel version in {kernel:?}");
+    };
+    Ok((major, minor))
+}
+
+/// Whether kernel `release` lets fentry programs attach. arm64 has the BPF trampoline from 6.0
+/// but ftrace's direct calls, which attaching one needs, only from 6.4 (commit 2aa6ac03516d,
+/// "arm64: ftrace: Add direct call support"); before, the attach fails with ENOTSUPP (524).
+fn fentry_allowed(release: &str) -> Result<bool> {
+    Ok(!release.ends_with("-arm64") || series(release)? >= (6, 4))
+}
+
+/// A forced strategy the kernel refuses: linger stops with an error naming the hook, before
+/// tracing.
+fn refused(guest: &Guest, mode: &str, hook: &str) -> Result<()> {
+    if guest.succeeded(mode).is_ok() {
+        bail!("{mode} ran on a kernel that refuses {hook}");
+    }
+    let said = guest
+        .all(&format!("{mode}-err"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if !said.contains(hook) || !said.contains("unavailable") || said.contains("panicked") {
+        bail!("{mode}: no clear refusal of {hook}: {said}");
+    }
+    eprintln!("xtask vm: {mode}: refused as this kernel must: {said}");
+    Ok(())
+}
+
+fn doctor(guest: &Guest, fentry: bool) -> Result<()> {
     guest.succeeded("doctor")?;
     let report = guest
         .json("doctor")?
         .into_iter()
         .next()
         .context("doctor printed nothing")?;
-    for hook in ["tracepoint", "tp_btf", "fentry", "kprobe"] {
+    for (hook, allowed) in [
+        ("tracepoint", true),
+        ("tp_btf", true),
+        ("fentry", fentry),
+        ("kprobe", true),
+    ] {
         let ok = report["hooks"]
             .as_array()
             .into_iter()
             .flatten()
             .any(|h| h["name"] == hook && h["ok"] == true);
-        if !ok {
-            bail!("doctor on the stock kernel: {hook} not usable: {report}");
+        if ok != allowed {
+            bail!("doctor on the stock kernel: {hook} usable {ok}, expected {allowed}: {report}");
         }
     }
-    if report["driver_hooks"]["fput"] != "fentry" {
-        bail!("doctor on the stock kernel did not choose fentry: {report}");
+    let fput = if fentry { "fentry" } else { "kprobe" };
+    if report["driver_hooks"]["fput"] != fput {
+        bail!("doctor on the stock kernel did not choose {fput} for __fput: {report}");
     }
     let holders = report["questions"]
         .as_array()
@@ -139,11 +188,8 @@ fn doctor(guest: &Guest) -> Result<()> {
 /// The layouts and prototypes doctor resolved from BTF are the ones this kernel version has.
 fn layouts(report: &Value) -> Result<()> {
     let kernel = report["kernel"].as_str().unwrap_or_default();
-    let mut numbers = kernel.split(['.', '-', ' ']).map(|n| n.parse::<u32>());
-    let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
-        bail!("doctor's kernel line has no version: {kernel}");
-    };
-    let version = (major, minor);
+    let version = series(kernel).context("doctor's kernel line")?;
+    let (major, minor) = version;
     let detail = |name: &str| -> Result<String> {
         report["kernel_layout"]
             .as_array()
@@ -393,4 +439,17 @@ pub fn duration(entry: &Value, exit: &Value) -> Result<u64> {
         );
     }
     Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fentry_is_expected_on_x86_64_and_on_arm64_from_6_4() {
+        let allowed = ["5.10.0-46-amd64", "6.1.0-57-arm64", "6.12.95+deb12-arm64"]
+            .map(|release| fentry_allowed(release).ok());
+        assert_eq!(allowed, [Some(true), Some(false), Some(true)]);
+        assert!(fentry_allowed("unknown-arm64").is_err());
+    }
 }

@@ -13,11 +13,13 @@ mount -t bpf bpf /sys/fs/bpf
 say() { echo "LINGER-VM $*"; }
 # Each line of a file, tagged.
 tagged() { sed "s/^/LINGER-VM $1 /" "$2"; }
-# Waits up to $3 tenths of a second for file $1 to contain $2.
+# Waits up to $3 tenths of a second for file $1 to contain $2; not at all once process $4
+# (when given) has exited.
 await() {
     i=0
     until grep -q "$2" "$1" 2>/dev/null; do
         [ $i -ge "$3" ] && return 1
+        [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null && return 1
         sleep 0.1
         i=$((i + 1))
     done
@@ -43,10 +45,10 @@ late_driver() {
     /linger live --json --events --no-nvml --duration 120s "$@" > /tmp/live.out 2> /tmp/live.err &
     live=$!
     lib=
-    if await /tmp/live.err "linger: tracing" 1200; then
+    if await /tmp/live.err "linger: tracing" 1200 $live; then
         if [ -n "${LIB:-}" ]; then
-            lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
-            mkdir -p /usr/lib/x86_64-linux-gnu
+            lib=/usr/lib/$(uname -m)-linux-gnu/libcuda.so.1
+            mkdir -p "${lib%/*}"
             cp /libcuda.so.1 $lib
         fi
         insmod /standin.ko delay_ms=200
@@ -103,7 +105,7 @@ for mode in fentry kprobe; do
     /linger live --json --events --no-nvml --driver-hooks $mode --gpu-device /tmp/gpu0 \
         --count 1 --duration 120s --record /tmp/live.trace > /tmp/live.out 2> /tmp/live.err &
     live=$!
-    if await /tmp/live.err "linger: tracing" 1200; then
+    if await /tmp/live.err "linger: tracing" 1200 $live; then
         sh -c 'exec 3<>/tmp/gpu0; exec 3>&-; exec 4<>/tmp/gpu0
                stty -F /tmp/nvidia0 2>/dev/null
                exec 5<>/tmp/nvidia0 6<>/tmp/nvidia1 7<>/tmp/nvidia-uvm
@@ -135,7 +137,7 @@ rm -f /tmp/live.* /tmp/held
 /linger live --json --events --no-nvml --duration 120s --record /tmp/live.trace \
     > /tmp/live.out 2> /tmp/live.err &
 live=$!
-if await /tmp/live.err "linger: tracing" 1200; then
+if await /tmp/live.err "linger: tracing" 1200 $live; then
     sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
     gpu=$!
     await /tmp/held held 300

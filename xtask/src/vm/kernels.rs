@@ -8,6 +8,11 @@
 //! built with Debian 12's compiler and C library. Debian 13's own package cannot have a module
 //! built here: its build flags need gcc 14 (this machine has gcc 12) and its kbuild tools
 //! (modpost, objtool) glibc 2.38 (this machine has 2.36).
+//!
+//! The arm64 kernels (ARM64_MATRIX) are Debian 12's 6.1 and bookworm-backports' 6.12, both
+//! fetched. Their headers' kbuild tools come from the amd64 package of the same version
+//! (Debian's cross-build arrangement: the headers' `scripts` link points at whichever kbuild
+//! package is unpacked beside them).
 
 use std::{
     fs,
@@ -17,7 +22,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::Kernel;
+use super::{guest::Guest, Kernel};
 
 /// Where a kernel of the matrix comes from.
 pub enum Source {
@@ -61,14 +66,36 @@ pub const MATRIX: [Spec; 3] = [
     },
 ];
 
+/// The arm64 kernels: 6.1 (Debian 12's own) and 6.12 (its backport).
+pub const ARM64_MATRIX: [Spec; 2] = [
+    Spec {
+        name: "6.1",
+        source: Source::Debian {
+            suite: "bookworm",
+            prefix: "linux-image-6.1.0-",
+            suffix: "-arm64",
+        },
+    },
+    Spec {
+        name: "6.12",
+        source: Source::Debian {
+            suite: "bookworm-backports",
+            prefix: "linux-image-6.12.",
+            suffix: "+deb12-arm64",
+        },
+    },
+];
+
 const SOURCES: &str = "\
-deb http://deb.debian.org/debian bullseye main
-deb http://deb.debian.org/debian-security bullseye-security main
-deb http://deb.debian.org/debian bookworm-backports main
+deb [arch=amd64,arm64] http://deb.debian.org/debian bullseye main
+deb [arch=amd64,arm64] http://deb.debian.org/debian-security bullseye-security main
+deb [arch=amd64,arm64] http://deb.debian.org/debian bookworm main
+deb [arch=amd64,arm64] http://deb.debian.org/debian-security bookworm-security main
+deb [arch=amd64,arm64] http://deb.debian.org/debian bookworm-backports main
 ";
 
-/// The kernel of `spec`, fetched into `dir` when it is not there yet.
-pub fn resolve(dir: &Path, spec: &Spec) -> Result<Kernel> {
+/// The kernel of `spec` for `guest`, fetched into `dir` when it is not there yet.
+pub fn resolve(dir: &Path, spec: &Spec, guest: Guest) -> Result<Kernel> {
     match &spec.source {
         Source::System => {
             let mut k = super::stock_kernel()?;
@@ -82,11 +109,11 @@ pub fn resolve(dir: &Path, spec: &Spec) -> Result<Kernel> {
             suite,
             prefix,
             suffix,
-        } => fetch(&dir.join("kernels"), suite, prefix, suffix),
+        } => fetch(&dir.join("kernels"), guest, suite, prefix, suffix),
     }
 }
 
-fn fetch(dir: &Path, suite: &str, prefix: &str, suffix: &str) -> Result<Kernel> {
+fn fetch(dir: &Path, guest: Guest, suite: &str, prefix: &str, suffix: &str) -> Result<Kernel> {
     let apt = Apt::new(&dir.join("apt"))?;
     let image = apt.newest(suite, prefix, suffix)?;
     let release = image
@@ -97,25 +124,13 @@ fn fetch(dir: &Path, suite: &str, prefix: &str, suffix: &str) -> Result<Kernel> 
     let vmlinuz = root.join(format!("boot/vmlinuz-{release}"));
     let headers = root.join(format!("usr/src/linux-headers-{release}"));
     if !vmlinuz.exists() || !headers.join("Makefile").exists() {
-        let headers_pkg = format!("linux-headers-{release}");
-        let mut packages = vec![image.clone(), headers_pkg.clone()];
+        // The image and headers of the guest's architecture; their common half (for all) and
+        // kbuild (this machine's, which runs it) unqualified.
+        let arch = guest.debian_arch();
+        let headers_pkg = format!("linux-headers-{release}:{arch}");
+        let mut packages = vec![format!("{image}:{arch}"), headers_pkg.clone()];
         packages.extend(apt.kernel_dependencies(&headers_pkg)?);
-        let debs = root.with_extension("debs");
-        fs::create_dir_all(&debs)?;
-        apt.download(&debs, &packages)?;
-        fs::create_dir_all(&root)?;
-        for deb in fs::read_dir(&debs)? {
-            let deb = deb?.path();
-            let ok = Command::new("dpkg-deb")
-                .arg("-x")
-                .arg(&deb)
-                .arg(&root)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                bail!("unpacking {}", deb.display());
-            }
-        }
+        unpack(&apt, &packages, &root)?;
         relocate(&root, &headers)?;
     }
     Ok(Kernel {
@@ -123,6 +138,42 @@ fn fetch(dir: &Path, suite: &str, prefix: &str, suffix: &str) -> Result<Kernel> 
         release,
         headers,
     })
+}
+
+/// The busybox and ldconfig of Debian's arm64 user space (both static), unpacked once under
+/// `dir`; its root.
+pub fn arm64_userland(dir: &Path) -> Result<PathBuf> {
+    let root = dir.join("kernels/userland-arm64");
+    if !root.join("bin/busybox").exists() || !root.join("sbin/ldconfig").exists() {
+        let apt = Apt::new(&dir.join("kernels/apt"))?;
+        let packages = ["busybox-static:arm64".to_string(), "libc-bin:arm64".into()];
+        unpack(&apt, &packages, &root)?;
+    }
+    Ok(root)
+}
+
+/// `packages` downloaded beside `root` (into ROOT.debs) and unpacked into it.
+fn unpack(apt: &Apt, packages: &[String], root: &Path) -> Result<()> {
+    // Not with_extension: a release's dots (6.1.0-57-arm64) would give every 6.1 one folder.
+    let mut debs = root.as_os_str().to_owned();
+    debs.push(".debs");
+    let debs = PathBuf::from(debs);
+    fs::create_dir_all(&debs)?;
+    apt.download(&debs, packages)?;
+    fs::create_dir_all(root)?;
+    for deb in fs::read_dir(&debs)? {
+        let deb = deb?.path();
+        let ok = Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&deb)
+            .arg(root)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            bail!("unpacking {}", deb.display());
+        }
+    }
+    Ok(())
 }
 
 /// The headers' Makefile includes its common half by absolute path: here, it lies under root.
@@ -153,6 +204,9 @@ impl Apt {
         let options = [
             format!("Dir::Etc::sourcelist={}", sources.display()),
             "Dir::Etc::sourceparts=/dev/null".into(),
+            // The VM runs on amd64 hosts only (vm.rs), for amd64 and arm64 guests.
+            "APT::Architectures::=amd64".into(),
+            "APT::Architectures::=arm64".into(),
             format!("Dir::State::Lists={}", lists.display()),
             format!("Dir::Cache={}", cache.display()),
         ]

@@ -11,9 +11,9 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::Kernel;
+use super::{guest::Guest, Kernel};
 
-pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
+pub fn build(dir: &Path, kernel: &Kernel, guest: Guest) -> Result<PathBuf> {
     let headers = &kernel.headers;
     let src = dir.join("standin");
     fs::create_dir_all(&src)?;
@@ -28,8 +28,9 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
         .arg(headers)
         .arg(format!("M={}", src.display()))
         // Debian's headers name the compiler the kernel was built with (gcc-10 for 5.10):
-        // this machine's gcc builds modules for each of them.
-        .arg("CC=gcc")
+        // this machine's gcc (or cross gcc) builds modules for each of them.
+        .arg(format!("CC={}", guest.gcc()))
+        .args(guest.kbuild_args())
         .arg("modules")
         .output()
         .context("running make for the stand-in module (needs make and gcc)")?;
@@ -44,15 +45,16 @@ pub fn build(dir: &Path, kernel: &Kernel) -> Result<PathBuf> {
     Ok(src.join("nvidia.ko"))
 }
 
-/// The stand-in libcuda.so.1, built once for every guest (it runs on their common user space).
-pub fn build_library(dir: &Path) -> Result<PathBuf> {
+/// The stand-in libcuda.so.1, built once for every guest of an architecture (it runs on their
+/// common user space).
+pub fn build_library(dir: &Path, guest: Guest) -> Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let src = dir.join("libcuda.c");
     fs::write(&src, include_str!("standin/libcuda.c"))?;
     let lib = dir.join("libcuda.so.1");
     // gcc's default for a shared library: its calls to open and ioctl go through PLT entries,
     // as the real library's do.
-    let out = Command::new("gcc")
+    let out = Command::new(guest.gcc())
         .args(["-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o"])
         .arg(&lib)
         .arg(&src)
