@@ -13,7 +13,7 @@ use tracer_common::{FdOp, GpuFd, Loss};
 
 use crate::{
     emit::{count_loss, current_ids, emit},
-    files::{add_holder, installed, is_holder, is_self},
+    files::{add_holder, gpu_file_at, installed, is_holder, is_self},
     ioctl,
 };
 
@@ -101,8 +101,8 @@ pub fn lib_dup_ret(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// close(fd) called from the library, by a GPU holder: recorded at the call (a close
-/// releases the descriptor even when it fails).
+/// close(fd) called from the library, by a GPU holder, of a GPU file: recorded at the call (a
+/// close releases the descriptor even when it fails).
 #[uprobe]
 pub fn lib_close(ctx: ProbeContext) -> u32 {
     if !is_holder(current_ids().0) {
@@ -111,7 +111,7 @@ pub fn lib_close(ctx: ProbeContext) -> u32 {
     let Some(fd) = ctx.arg::<u64>(0) else {
         return 0;
     };
-    if fd > i32::MAX as u64 {
+    if fd > i32::MAX as u64 || gpu_file_at(fd as u32).is_none() {
         return 0;
     }
     emit::<GpuFd>(|e| {

@@ -29,7 +29,8 @@ fn main() -> Result<()> {
         bail!("usage: linger-fd-scenario DEVICE SCENARIO");
     };
     match scenario.as_str() {
-        // open, dup, dup2 onto another descriptor, F_DUPFD_CLOEXEC, then close the plain dup.
+        // open, dup, dup2 onto another descriptor, F_DUPFD_CLOEXEC, then close the plain dup
+        // and three other files.
         "dup-close" => {
             let f = open(device, true)?;
             let dup = nix::unistd::dup(&f)?;
@@ -37,6 +38,10 @@ fn main() -> Result<()> {
             nix::unistd::dup2(&f, &mut slot)?;
             let high = fcntl(&f, FcntlArg::F_DUPFD_CLOEXEC(60))?;
             drop(dup);
+            // A holder's closes of other files: not GPU records.
+            for _ in 0..3 {
+                drop(File::open("/dev/null")?);
+            }
             ready(&[])?;
             wait_forever((f, slot, high))
         }
