@@ -285,7 +285,9 @@ impl GpuSources {
         let period = match demands.nvml {
             NvmlNeed::Quiet => None,
             NvmlNeed::Await => Some(nvml::AWAIT_PERIOD),
-            NvmlNeed::Confirm => Some(nvml::CONFIRM_PERIOD),
+            NvmlNeed::Confirm(released) => {
+                Some(nvml::confirm_period(boottime_ns().saturating_sub(released)))
+            }
             NvmlNeed::Fast => Some(nvml::FAST_PERIOD),
         };
         self.awaited.set_period(period);

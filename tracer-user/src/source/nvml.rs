@@ -36,10 +36,25 @@ pub const QUIET_PERIOD: Duration = Duration::from_secs(1);
 pub const LEAN_QUIET_PERIOD: Duration = Duration::from_millis(100);
 /// While NVML alone can tell when memory comes back.
 pub const FAST_PERIOD: Duration = Duration::from_millis(1);
-/// While a kernel release awaits NVML's confirmation.
+/// While a kernel release awaits NVML's confirmation, at first: NVML's own account of the
+/// return counts when it comes within 2 ms of the kernel's release (`NVML_LATE_NS`).
 pub const CONFIRM_PERIOD: Duration = Duration::from_millis(2);
+/// How long after the release NVML is read every `CONFIRM_PERIOD`; after that, every eighth
+/// of the wait so far, up to `AWAIT_PERIOD`. Under a busy node's load NVML stops listing a
+/// dead pid up to 700 ms late (FACTS); reading every 2 ms for all that time was most of the
+/// collector's NVML work (some release always awaits its word), while only the first readings
+/// can time the return.
+const CONFIRM_CLOSELY_NS: u64 = 16_000_000;
 /// While teardowns the kernel will time are under way.
 pub const AWAIT_PERIOD: Duration = Duration::from_millis(20);
+
+/// How often NVML is read for a kernel release `waited_ns` ago that awaits its confirmation.
+pub fn confirm_period(waited_ns: u64) -> Duration {
+    if waited_ns < CONFIRM_CLOSELY_NS {
+        return CONFIRM_PERIOD;
+    }
+    Duration::from_nanos(waited_ns / 8).clamp(CONFIRM_PERIOD, AWAIT_PERIOD)
+}
 
 /// Handle to the sampler thread; dropping it stops the thread.
 pub struct NvmlSampler {
@@ -317,7 +332,25 @@ fn gpu(index: u32, used: u64, total: u64, listed: impl Iterator<Item = ProcessIn
 mod tests {
     use nvml_wrapper::{enums::device::UsedGpuMemory, error::NvmlError};
 
-    use super::{answers, ProcessInfo};
+    use std::time::Duration;
+
+    use super::{answers, confirm_period, ProcessInfo, AWAIT_PERIOD, CONFIRM_PERIOD};
+
+    #[test]
+    fn a_confirmation_is_read_closely_at_first_then_less_as_it_is_late() {
+        let ms = |n: u64| n * 1_000_000;
+        assert_eq!(confirm_period(0), CONFIRM_PERIOD);
+        assert_eq!(confirm_period(ms(15)), CONFIRM_PERIOD);
+        assert_eq!(confirm_period(ms(40)), Duration::from_millis(5));
+        assert_eq!(confirm_period(ms(700)), AWAIT_PERIOD);
+        // 55 readings over NVML's 700 ms lag under load, where every 2 ms took 350.
+        let (mut t, mut readings) = (0, 0);
+        while t < ms(700) {
+            t += confirm_period(t).as_nanos() as u64;
+            readings += 1;
+        }
+        assert_eq!(readings, 55);
+    }
 
     fn process(pid: u32) -> ProcessInfo {
         ProcessInfo {

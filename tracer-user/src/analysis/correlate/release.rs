@@ -41,10 +41,9 @@ impl Correlator {
             return NvmlNeed::Fast;
         }
         let released = self.cases.get(&id).and_then(|c| self.last_release(c));
-        if released.is_some() && self.memory.imports_released(id) {
-            NvmlNeed::Confirm
-        } else {
-            NvmlNeed::Await
+        match released {
+            Some(t) if self.memory.imports_released(id) => NvmlNeed::Confirm(t),
+            _ => NvmlNeed::Await,
         }
     }
 

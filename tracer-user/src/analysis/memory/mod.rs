@@ -169,8 +169,10 @@ pub enum NvmlNeed {
     /// Teardowns under way whose moment the kernel's release will tell: NVML's account is a
     /// cross-check, read every few tens of milliseconds.
     Await,
-    /// A kernel release awaits NVML's word that the pid is gone: a few readings.
-    Confirm,
+    /// A kernel release, at the time given, awaits NVML's word that the pid is gone: closely
+    /// at first, less so as the word is late (the youngest such release, which wants the
+    /// closest readings, is the greatest).
+    Confirm(u64),
     /// A release whose moment only NVML can tell (no ioctl evidence, an import, a process not
     /// known to hold GPU files): every millisecond.
     Fast,

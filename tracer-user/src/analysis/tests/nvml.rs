@@ -3,7 +3,7 @@
 use crate::analysis::{incident::Source, termination::Mode, verdict::VerdictKind};
 use crate::event::{EventData, NvmlGpu, NvmlProcess};
 
-use super::run::{back, gpu, verdict, Run, FILE, GIB, SHELL};
+use super::run::{back, gpu, verdict, Run, FILE, GIB, MS, SHELL};
 
 #[test]
 fn a_kill_before_nvml_ever_listed_the_victim_is_timed_from_the_readings_after_it() {
@@ -182,12 +182,16 @@ fn nvml_is_read_every_millisecond_only_for_a_release_it_alone_can_time() {
         r.nvml(301.0, 4 * GIB + GIB / 2, &[(10, 4 * GIB)]);
         r.zombie_and_reap(10, 420.0);
         r.tick(420.2);
-        let released = if traced {
-            NvmlNeed::Confirm
+        let need = r.c.nvml_need();
+        if traced {
+            // Its release's time, from which the readings space out.
+            assert!(
+                matches!(need, NvmlNeed::Confirm(t) if t == 420 * MS),
+                "{need:?}"
+            );
         } else {
-            NvmlNeed::Fast
-        };
-        assert_eq!(r.c.nvml_need(), released, "released, NVML still lists it");
+            assert_eq!(need, NvmlNeed::Fast, "released, NVML still lists it");
+        }
         r.nvml(425.0, GIB / 2, &[]);
         r.tick(430.0);
         assert_eq!(r.c.nvml_need(), NvmlNeed::Quiet, "back");
