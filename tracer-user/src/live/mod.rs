@@ -5,6 +5,7 @@
 
 mod companion;
 mod config;
+mod loss_notice;
 mod recording;
 pub mod report;
 

@@ -3,6 +3,7 @@
 
 use std::{io::Write, ops::ControlFlow};
 
+use super::loss_notice::LossNotice;
 use crate::{
     analysis::{incident::Node, Correlator, CorrelatorConfig, Demands, Output as Record},
     clock::WallAnchor,
@@ -37,6 +38,8 @@ pub struct Report<'a, W: Write> {
     written: Option<Vec<Record>>,
     /// Where the events happened, stamped on every incident record.
     node: Node,
+    /// The kernel's losses, for stderr in text mode.
+    losses: LossNotice,
 }
 
 impl<'a, W: Write> Report<'a, W> {
@@ -57,6 +60,7 @@ impl<'a, W: Write> Report<'a, W> {
             failure: None,
             written: None,
             node,
+            losses: LossNotice::default(),
         }
     }
 
@@ -121,6 +125,9 @@ impl<'a, W: Write> Report<'a, W> {
             let _ = self.emit();
         }
         self.flush();
+        for line in self.losses.finish() {
+            eprintln!("{line}");
+        }
         match self.failure.take() {
             Some(e) => Err(e),
             None => Ok(self.incidents),
@@ -166,19 +173,9 @@ impl<'a, W: Write> Report<'a, W> {
                 &json!({"type": "loss", "t_ns": ts_ns, "count": count, "what": what}),
             )
         } else {
-            let what = match what {
-                LossKind::Ring => "record(s): ring buffer full".to_string(),
-                LossKind::Stacks => "kernel stack(s): stack map full or a collision".to_string(),
-                LossKind::FdWalk => format!(
-                    "listing(s) of GPU files above descriptor {} (a table walk stops there)",
-                    tracer_common::FD_WALK_MAX
-                ),
-                LossKind::Calls => {
-                    "driver or library call(s) under way: not decoded or not timed".to_string()
-                }
-                other => format!("{other:?} map insert(s): map full").to_lowercase(),
-            };
-            eprintln!("linger: the kernel lost {count} {what}");
+            if let Some(line) = self.losses.lost(ts_ns, count, what) {
+                eprintln!("{line}");
+            }
             Ok(())
         }
     }
