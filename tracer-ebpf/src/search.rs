@@ -54,6 +54,12 @@ pub fn search_walk(ctx: BtfTracePointContext) -> i32 {
     let _ = SEARCH.remove(tgid);
     // `prev`, the task switching out: the running one.
     let prev = Task(ctx.arg::<*const u8>(1));
+    // A group whose last thread is on its way out (counted out before its exit record, its
+    // files closed after): a walk now would follow that record and bring the process back
+    // as a holder, and adding it to the holders would outlive it.
+    if prev.live_threads() == 0 {
+        return 0;
+    }
     walk(prev, FdOp::HeldAtSearch);
     // User space asks only about processes holding GPU files: their closes and their own
     // death are followed from now on.

@@ -5,7 +5,7 @@
 //! come from a /proc snapshot, grouped by kcmp, and get the kernel address as soon as a kernel
 //! record names one of them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::Serialize;
 use tracer_common::FD_WALK_MAX;
@@ -123,10 +123,21 @@ pub struct Holders {
     exec_cpu: IdMap<u32, u32>,
     /// Devices named with `--gpu-device`.
     declared: Vec<u32>,
+    /// Groups that died lately, by when (oldest first), until their pid is forked again: a
+    /// search walk that caught one on its way out (after its exit record, before its files
+    /// were closed) would bring back a process holding files whose addresses new opens reuse.
+    dead: VecDeque<(u64, u32)>,
+    dead_pids: IdMap<u32, u64>,
+    /// The stream's time: the latest event's.
+    now_ns: u64,
 }
+
+/// How long a dead group's pid is remembered: a walk of it comes within microseconds.
+const DEAD_FOR_NS: u64 = 10_000_000_000;
 
 impl Holders {
     pub fn on_event(&mut self, e: &Event) {
+        self.now_ns = self.now_ns.max(e.ts_ns);
         self.end_exec_walk(e);
         match &e.data {
             EventData::Fork {
@@ -134,6 +145,8 @@ impl Holders {
                 files_shared,
                 comm,
             } => {
+                // A new process under the pid.
+                self.dead_pids.remove(child_pid);
                 // A copied table holds the same files; a shared one (CLONE_FILES) too, and
                 // both then change together, which this approximates by copying.
                 let fds = self
@@ -258,6 +271,9 @@ impl Holders {
         else {
             return;
         };
+        if *op == FdOp::HeldAtSearch && self.dead_pids.contains_key(&e.pid) {
+            return;
+        }
         if *truncated {
             self.walk_stopped(e.pid, *op);
             return;
@@ -328,6 +344,7 @@ impl Holders {
     /// The group of `pid` died: returns what it held (from the exit walk, else from the table)
     /// and forgets the process.
     pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
+        self.remember_dead(pid);
         self.exec_pending.remove(&pid);
         self.exec_closed.remove(&pid);
         self.exec_cpu.remove(&pid);
@@ -348,6 +365,21 @@ impl Holders {
                 })
                 .unwrap_or_default(),
         }
+    }
+
+    fn remember_dead(&mut self, pid: u32) {
+        let now = self.now_ns;
+        while let Some(&(t, old)) = self.dead.front() {
+            if now.saturating_sub(t) < DEAD_FOR_NS {
+                break;
+            }
+            self.dead.pop_front();
+            if self.dead_pids.get(&old) == Some(&t) {
+                self.dead_pids.remove(&old);
+            }
+        }
+        self.dead.push_back((now, pid));
+        self.dead_pids.insert(pid, now);
     }
 
     /// A walk of `pid`'s table ended at `FD_WALK_MAX` (a loss the kernel counts): what was
@@ -614,6 +646,24 @@ mod tests {
     }
 
     /// A walk's marker: it stopped at `FD_WALK_MAX`.
+    #[test]
+    fn a_search_walk_of_a_group_that_already_died_is_not_a_holder() {
+        let mut h = Holders::default();
+        let file = 0xffff_8000_0000_1000;
+        h.on_event(&ev(10, 1, fd(FdOp::Open, 3, file)));
+        h.on_event(&ev(10, 2, fd(FdOp::HeldAtExit, 3, file)));
+        assert_eq!(h.group_died(10).len(), 1);
+        // Caught by a search on its way out: its file would seem held for ever, and the
+        // next open that reuses the address would seem held by it.
+        h.on_event(&ev(10, 3, fd(FdOp::HeldAtSearch, 3, file)));
+        assert!(h.process(10).is_none());
+        assert!(h.holders_of(&[file], 0).is_empty());
+        // The pid forked anew is another process, whose walks count.
+        h.on_event(&fork(1, 10, 4));
+        h.on_event(&ev(10, 5, fd(FdOp::HeldAtSearch, 3, file)));
+        assert_eq!(h.holders_of(&[file], 0).len(), 1);
+    }
+
     fn stopped(op: FdOp) -> EventData {
         EventData::GpuFd {
             op,
