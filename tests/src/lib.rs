@@ -517,7 +517,12 @@ impl FdScenario {
 
     /// SIGKILLs the scenario's own process and reaps it.
     pub fn kill(&mut self) {
-        nix::sys::signal::kill(Pid::from_raw(self.pids[0] as i32), Signal::SIGKILL).expect("kill");
+        self.end_with(Signal::SIGKILL);
+    }
+
+    /// Sends `sig` (one that ends it) to the scenario's own process and reaps it.
+    pub fn end_with(&mut self, sig: Signal) {
+        nix::sys::signal::kill(Pid::from_raw(self.pids[0] as i32), sig).expect("kill");
         let _ = self.child.wait();
     }
 }

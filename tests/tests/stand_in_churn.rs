@@ -1,6 +1,7 @@
 //! A busy node's churn on the stand-in GPU device (a node for /dev/full, declared with
-//! --gpu-device): workers start jobs at once and SIGKILL them after a while, some with a forked
-//! child or a receiver of the file over a unix socket that keeps it a little longer. Each
+//! --gpu-device): workers start jobs at once and SIGKILL (or SIGTERM) them after a while, some
+//! with a forked child, a child sharing the descriptor table, or a receiver of the file over a
+//! unix socket that keeps it a little longer. Each
 //! worker notes when it killed what and when the last holder was gone, and every kill must
 //! have its own incident naming those holders and a release inside what the worker saw. No
 //! NVML here: the kernel's release is the answer (issue 32's truth, without a GPU).
@@ -21,7 +22,7 @@ use nix::{
 use serde_json::Value;
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
-const WORKERS: u64 = 6;
+const WORKERS: u64 = 8;
 const JOBS_PER_WORKER: u64 = 10;
 
 /// The stream's clock.
@@ -38,6 +39,8 @@ enum Kind {
     Fork,
     /// A process that got the file over a unix socket keeps it.
     Sent,
+    /// A child made with CLONE_FILES (the same descriptor table) keeps it.
+    SharedTable,
 }
 
 /// What a worker saw of one job.
@@ -63,18 +66,19 @@ fn gone(pid: u32) -> u64 {
     boottime_ns()
 }
 
-fn job(device: &std::path::Path, kind: Kind, hold_ms: u64, keep_ms: u64) -> Truth {
+fn job(device: &std::path::Path, kind: Kind, signal: Signal, hold_ms: u64, keep_ms: u64) -> Truth {
     let name = match kind {
         Kind::Alone => "dup-close",
         Kind::Fork => "fork-holder",
         Kind::Sent => "send-fd",
+        Kind::SharedTable => "shared-table",
     };
     let mut s = FdScenario::start(SCENARIO, device, name);
     let victim = s.pids[0];
     let holder = s.pids.get(1).copied();
     thread::sleep(Duration::from_millis(hold_ms));
     let killed = boottime_ns();
-    s.kill();
+    s.end_with(signal);
     let Some(holder) = holder else {
         return Truth {
             kind,
@@ -109,8 +113,15 @@ fn worker(device: &std::path::Path, seed: u64) -> Vec<Truth> {
     };
     (0..JOBS_PER_WORKER)
         .map(|_| {
-            let kind = [Kind::Alone, Kind::Alone, Kind::Fork, Kind::Sent][next(4) as usize];
-            job(device, kind, 20 + next(300), 50 + next(250))
+            let kind = [
+                Kind::Alone,
+                Kind::Alone,
+                Kind::Fork,
+                Kind::Sent,
+                Kind::SharedTable,
+            ][next(5) as usize];
+            let signal = [Signal::SIGKILL, Signal::SIGKILL, Signal::SIGTERM][next(3) as usize];
+            job(device, kind, signal, 20 + next(300), 50 + next(250))
         })
         .collect()
 }
@@ -169,7 +180,9 @@ fn every_kill_of_a_churn_has_its_incident_holders_and_release() {
     );
     let kinds = |k: Kind| truths.iter().filter(|t| t.kind == k).count();
     assert!(
-        kinds(Kind::Alone) > 0 && kinds(Kind::Fork) > 0 && kinds(Kind::Sent) > 0,
+        [Kind::Alone, Kind::Fork, Kind::Sent, Kind::SharedTable]
+            .iter()
+            .all(|k| kinds(*k) > 0),
         "{truths:?}"
     );
     let mut wrong = Vec::new();
@@ -195,6 +208,7 @@ fn every_kill_of_a_churn_has_its_incident_holders_and_release() {
             (Kind::Alone, _) | (_, None) => ("released", vec![]),
             (Kind::Fork, Some(h)) => ("shared_fd", vec![(h as u64, "fork")]),
             (Kind::Sent, Some(h)) => ("shared_fd", vec![(h as u64, "seen")]),
+            (Kind::SharedTable, Some(h)) => ("shared_fd", vec![(h as u64, "shared_table")]),
         };
         let back = inc["gpu"]["t_memory_back_ns"].as_u64();
         let in_window = back.is_some_and(|b| b >= t.back_after && b <= t.back_before);
