@@ -133,8 +133,9 @@ tagged doctor-err /tmp/doctor.err
 # One scenario per driver-hook strategy. The holder opens and closes /tmp/gpu0 (the close
 # path); runs an ioctl on nvidia0 (stty's TCGETS); closes nvidia0 (the RM cleanup sleeps) and
 # nvidia1 (the driver defers it to a worker); and is SIGKILLed holding gpu0 and nvidia-uvm
-# (the exit path, where the UVM release sleeps).
-deferred=0
+# (the exit path, where the UVM release sleeps). The kill waits for the holder's deferred
+# close: one more than the module counted before (the late scenario's GPU process left one),
+# not a count of this loop's own (that was one short, and the wait then ran to its end).
 for mode in fentry kprobe; do
     rm -f /tmp/live.* /tmp/held
     /linger live --json --events --no-nvml --driver-hooks $mode --gpu-device /tmp/gpu0 \
@@ -143,6 +144,7 @@ for mode in fentry kprobe; do
     started=$(uptime_s) tracing= killed=
     if await /tmp/live.err "linger: tracing" 1200 $live; then
         tracing=$(uptime_s)
+        deferred=$(($(cat /sys/module/nvidia/parameters/deferred_closes) + 1))
         sh -c 'exec 3<>/tmp/gpu0; exec 3>&-; exec 4<>/tmp/gpu0
                stty -F /tmp/nvidia0 2>/dev/null
                exec 5<>/tmp/nvidia0 6<>/tmp/nvidia1 7<>/tmp/nvidia-uvm
@@ -150,8 +152,8 @@ for mode in fentry kprobe; do
                echo held > /tmp/held; exec sleep 600' &
         holder=$!
         await /tmp/held held 300
-        deferred=$((deferred + 1))
-        await /sys/module/nvidia/parameters/deferred_closes "^$deferred$" 300
+        await /sys/module/nvidia/parameters/deferred_closes "^$deferred$" 300 ||
+            say $mode-no-deferred-close
         say $mode-holder $holder
         kill -9 $holder
         killed=$(uptime_s)

@@ -13,12 +13,17 @@ pub struct Timeline {
     ended: Option<f64>,
     /// The guest stopped linger with SIGINT: it had not ended a minute after the kill.
     stopped: bool,
+    /// The holder was killed without its deferred close counted: the wait for it ran out.
+    no_deferred_close: bool,
 }
 
 impl Timeline {
     pub fn read(guest: &Guest, mode: &str) -> Self {
         let line = guest.one(&format!("{mode}-times")).unwrap_or_default();
-        Self::parse(line, guest.one(&format!("{mode}-stopped")).is_ok())
+        Self {
+            no_deferred_close: guest.one(&format!("{mode}-no-deferred-close")).is_ok(),
+            ..Self::parse(line, guest.one(&format!("{mode}-stopped")).is_ok())
+        }
     }
 
     /// `started=12.3 tracing=40.1 killed=44.0 ended=45.2`; a step that did not happen is empty.
@@ -34,6 +39,7 @@ impl Timeline {
             killed: at("killed"),
             ended: at("ended"),
             stopped,
+            no_deferred_close: false,
         }
     }
 }
@@ -62,6 +68,9 @@ impl fmt::Display for Timeline {
         }
         if self.stopped {
             write!(f, " (stopped by SIGINT: no incident ended it)")?;
+        }
+        if self.no_deferred_close {
+            write!(f, " (the holder's deferred close never came)")?;
         }
         Ok(())
     }
