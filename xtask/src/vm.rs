@@ -1,6 +1,6 @@
 //! `cargo xtask vm`: the driver-hooks strategies tested on stock kernels. This machine's kernel
 //! refuses fentry and has no kprobes, so Debian's 5.10, 6.1 and 6.12 kernels (kernels.rs) boot
-//! under qemu in turn (TCG; KVM hangs here), each with a busybox initramfs holding the release
+//! under qemu, as many at once as there are cores (TCG; KVM hangs here), each with a busybox initramfs holding the release
 //! `linger` and a stand-in NVIDIA driver module built against that kernel's headers; `init.sh`
 //! runs doctor, one kill scenario per forced strategy and one with the default strategy (the
 //! driver's hooks instead of system call tracepoints), and prints the results on the serial

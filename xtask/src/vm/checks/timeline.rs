@@ -57,7 +57,8 @@ impl fmt::Display for Timeline {
             Some(k) if ended < k => write!(f, ", ended before the holder was killed")?,
             Some(k) => write!(
                 f,
-                ", the holder killed then, linger ended {:.1} s later",
+                ", the holder killed {:.1} s later, linger ended {:.1} s after the kill",
+                k - self.tracing.unwrap_or(started),
                 ended - k
             )?,
             None => write!(
@@ -88,7 +89,8 @@ mod tests {
         );
         assert_eq!(
             t.to_string(),
-            "linger tracing 30.5 s after its start, the holder killed then, linger ended 1.2 s later"
+            "linger tracing 30.5 s after its start, the holder killed 3.5 s later, linger ended \
+             1.2 s after the kill"
         );
     }
 
