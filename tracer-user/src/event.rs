@@ -535,8 +535,9 @@ pub const LEAN_UNSEEN: [&str; 4] = [
 pub const BY_LIBRARY_UNSEEN: [&str; 4] = [
     "opens, dups, closes and ioctls of GPU files made outside the NVIDIA libraries hooked: \
      a process that opens the device files itself, or loads a copy of the library linger did \
-     not find, is found as --lean finds holders (NVML's process list, forks, exec and exit \
-     walks), and its allocations are not in the ledger",
+     not find (a cuda-compat libcuda outside /usr/local/cuda*/compat, or one only inside its \
+     container's image), is found as --lean finds holders (NVML's process list, forks, exec \
+     and exit walks), and its allocations are not in the ledger",
     "closes of GPU descriptors by the program itself (not the library): a process that closed \
      its descriptor while the file lives on elsewhere counts as holding it until its next \
      exec or exit walk",

@@ -231,13 +231,10 @@ pub fn run(args: Args) -> Result<()> {
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     build::linger(build::Arch::Host)?;
     let mut cargo = build::cargo()?;
-    cargo.current_dir(&root).args([
-        "build",
-        "--locked",
-        "--release",
-        "--package",
-        "linger-tests",
-    ]);
+    cargo
+        .current_dir(&root)
+        .arg("build")
+        .args(build::TESTS_PACKAGE);
     for bin in BINARIES {
         cargo.args(["--bin", bin]);
     }

@@ -56,6 +56,9 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A locked release build of the tests' package (its programs and integration tests).
+pub const TESTS_PACKAGE: [&str; 4] = ["--locked", "--release", "--package", "linger-tests"];
+
 /// Builds the release `linger` for `arch` and returns its path.
 pub fn linger(arch: Arch) -> Result<PathBuf> {
     setup::status(cargo_for(arch, "build")?.args([
@@ -69,44 +72,48 @@ pub fn linger(arch: Arch) -> Result<PathBuf> {
     Ok(release_dir(arch).join("linger"))
 }
 
-/// Builds the integration test binary tests/tests/NAME.rs and returns its path (cargo names
-/// it by a hash of its build, which only cargo's own report tells).
-pub fn integration_test(name: &str, arch: Arch) -> Result<PathBuf> {
-    let out = cargo_for(arch, "test")?
-        .args([
-            "--locked",
-            "--release",
-            "--package",
-            "linger-tests",
-            "--no-run",
-            "--message-format=json",
-            "--test",
-            name,
-        ])
+/// Builds the integration test binaries tests/tests/NAME.rs of `names`, in one cargo run (each
+/// run would check the whole package again), and returns their paths in the same order (cargo
+/// names them by a hash of their build, which only cargo's own report tells).
+pub fn integration_tests(names: &[&str], arch: Arch) -> Result<Vec<PathBuf>> {
+    let mut cargo = cargo_for(arch, "test")?;
+    cargo
+        .args(TESTS_PACKAGE)
+        .args(["--no-run", "--message-format=json"]);
+    for name in names {
+        cargo.args(["--test", name]);
+    }
+    let out = cargo
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;
     if !out.status.success() {
-        bail!("building the {name} test failed: {}", out.status);
+        bail!("building the tests {names:?} failed: {}", out.status);
     }
-    String::from_utf8_lossy(&out.stdout)
+    let artifacts: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
-        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-        .with_context(|| format!("cargo built no {name} test binary"))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|m: &serde_json::Value| m["reason"] == "compiler-artifact")
+        .collect();
+    names
+        .iter()
+        .map(|name| {
+            artifacts
+                .iter()
+                .find(|m| m["target"]["name"] == *name && m["target"]["kind"][0] == "test")
+                .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+                .with_context(|| format!("cargo built no {name} test binary"))
+        })
+        .collect()
 }
 
 /// Builds one program of the linger-tests package for `arch` and returns its path.
 pub fn test_bin(name: &str, arch: Arch) -> Result<PathBuf> {
-    setup::status(cargo_for(arch, "build")?.args([
-        "--locked",
-        "--release",
-        "--package",
-        "linger-tests",
-        "--bin",
-        name,
-    ]))?;
+    setup::status(
+        cargo_for(arch, "build")?
+            .args(TESTS_PACKAGE)
+            .args(["--bin", name]),
+    )?;
     Ok(release_dir(arch).join(name))
 }
 

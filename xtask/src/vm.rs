@@ -1,6 +1,6 @@
 //! `cargo xtask vm`: the driver-hooks strategies tested on stock kernels. This machine's kernel
 //! refuses fentry and has no kprobes, so Debian's 5.10, 6.1 and 6.12 kernels (kernels.rs) boot
-//! under qemu in turn (TCG; KVM hangs here), each with a busybox initramfs holding the release
+//! under qemu, as many at once as there are cores (TCG; KVM hangs here), each with a busybox initramfs holding the release
 //! `linger` and a stand-in NVIDIA driver module built against that kernel's headers; `init.sh`
 //! runs doctor, one kill scenario per forced strategy and one with the default strategy (the
 //! driver's hooks instead of system call tracepoints), and prints the results on the serial
@@ -92,20 +92,15 @@ pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
     // Each lands in the guest's root as /test-NAME, which init.sh runs.
     let tests = root.join("host-tests");
     fs::create_dir_all(&tests)?;
-    for name in HOST_TESTS {
+    for (name, built) in HOST_TESTS
+        .iter()
+        .zip(build::integration_tests(HOST_TESTS, arch)?)
+    {
         let to = tests.join(format!("test-{name}"));
-        fs::copy(build::integration_test(name, arch)?, &to)
-            .with_context(|| format!("copying the {name} test"))?;
+        fs::copy(built, &to).with_context(|| format!("copying the {name} test"))?;
         programs.push(to);
     }
-    let mut results = Vec::new();
-    for spec in specs {
-        let result = one_kernel(&root, spec, guest, &programs).unwrap_or_else(|e| {
-            eprintln!("xtask vm: {}: FAILED: {e:#}", spec.name);
-            (0, 1)
-        });
-        results.push((spec.name, result));
-    }
+    let results = run_guests(&root, &specs, guest, &programs);
     let mut total = (0, 0);
     for (name, (passed, failed)) in results {
         eprintln!("xtask vm: kernel {name}: {passed} passed, {failed} failed");
@@ -115,27 +110,90 @@ pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
     Ok(total)
 }
 
-fn one_kernel(
+/// Boots each kernel's guest, as many at once as this machine has cores: under TCG a guest is one
+/// host thread (`thread=single`), so two guests on two cores take the time of one. What they
+/// share is fetched first, one at a time (apt's state is one per architecture).
+fn run_guests(
     root: &Path,
-    spec: &kernels::Spec,
+    specs: &[&kernels::Spec],
     guest: Guest,
     programs: &[PathBuf],
-) -> Result<(u64, u64)> {
-    let kernel = kernels::resolve(root, spec, guest)?;
-    let dir = root.join(spec.name);
+) -> Vec<(&'static str, (u64, u64))> {
+    let failed = |name: &str, e: anyhow::Error| {
+        eprintln!("xtask vm: {name}: FAILED: {e:#}");
+        (0, 1)
+    };
+    if guest.arch == Arch::Aarch64 {
+        if let Err(e) = kernels::arm64_userland(root) {
+            let why = format!("the arm64 user space: {e:#}");
+            return specs
+                .iter()
+                .map(|s| (s.name, failed(s.name, anyhow::anyhow!("{why}"))))
+                .collect();
+        }
+    }
+    let mut ready = Vec::new();
+    let mut results: Vec<(&'static str, Result<String>)> = Vec::new();
+    for spec in specs {
+        match kernels::resolve(root, spec, guest) {
+            Ok(kernel) => ready.push((spec.name, kernel)),
+            Err(e) => results.push((spec.name, Err(e))),
+        }
+    }
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::Mutex::new(ready.into_iter());
+    let done = std::sync::Mutex::new(results);
+    thread::scope(|scope| {
+        for _ in 0..cores.min(specs.len()) {
+            scope.spawn(|| {
+                // The queue's lock is let go as soon as the next kernel is taken.
+                while let Some((name, kernel)) = next.lock().map(|mut n| n.next()).ok().flatten() {
+                    let console = one_kernel(root, name, &kernel, guest, programs);
+                    if let Ok(mut done) = done.lock() {
+                        done.push((name, console));
+                    }
+                }
+            });
+        }
+    });
+    let mut consoles = done.into_inner().unwrap_or_default();
+    consoles.sort_by_key(|(name, _)| specs.iter().position(|s| s.name == *name));
+    // Checked one kernel after the other, so that each one's report reads in one piece.
+    consoles
+        .into_iter()
+        .map(|(name, console)| {
+            let result = console
+                .and_then(|c| checks::run(&c))
+                .unwrap_or_else(|e| failed(name, e));
+            (name, result)
+        })
+        .collect()
+}
+
+fn one_kernel(
+    root: &Path,
+    name: &str,
+    kernel: &Kernel,
+    guest: Guest,
+    programs: &[PathBuf],
+) -> Result<String> {
+    let dir = root.join(name);
     fs::create_dir_all(&dir)?;
-    let module = standin::build(&dir, &kernel, guest)?;
+    let module = standin::build(&dir, kernel, guest)?;
     let initramfs = image::build(&dir, programs, &module, guest, root)?;
     let started = Instant::now();
-    eprintln!("xtask vm: booting {} under qemu (TCG)", kernel.release);
-    let log = dir.join("console.log");
-    let console = boot(guest, &kernel.vmlinuz, &initramfs, &log)?;
     eprintln!(
-        "xtask vm: guest ran {:.0} s (console: {})",
+        "xtask vm: {name}: booting {} under qemu (TCG)",
+        kernel.release
+    );
+    let log = dir.join("console.log");
+    let console = boot(guest, name, &kernel.vmlinuz, &initramfs, &log)?;
+    eprintln!(
+        "xtask vm: {name}: guest ran {:.0} s (console: {})",
         started.elapsed().as_secs_f64(),
         log.display()
     );
-    checks::run(&console)
+    Ok(console)
 }
 
 /// Runs the checks over a console log saved by an earlier run.
@@ -223,7 +281,7 @@ pub fn install(packages: &[&str]) -> Result<()> {
 }
 
 /// Boots the guest and returns its console output; the whole of it is also saved to `log`.
-fn boot(guest: Guest, vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
+fn boot(guest: Guest, name: &str, vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<String> {
     let (mut qemu, console) = guest.qemu();
     let mut qemu = qemu
         // One host thread runs both vCPUs: with a thread each (MTTCG), a vCPU can run a stale
@@ -277,7 +335,7 @@ fn boot(guest: Guest, vmlinuz: &Path, initramfs: &Path, log: &Path) -> Result<St
                         .next()
                         .unwrap_or_default();
                     if !tag.ends_with("-out") && tag != "doctor" {
-                        eprintln!("  {}", &line[at..]);
+                        eprintln!("  {name}: {}", &line[at..]);
                     }
                 }
                 finished |= line.contains("LINGER-VM done");

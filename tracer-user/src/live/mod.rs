@@ -9,7 +9,7 @@ mod loss_notice;
 mod recording;
 pub mod report;
 
-use std::{fs::File, io::Write};
+use std::io::Write;
 
 use anyhow::Context;
 use log::{debug, info, warn};
@@ -145,7 +145,7 @@ impl Live {
 /// The kernel log names the process of a GPU error (the driver's tracepoint does not), and
 /// has the errors where the tracepoint is missing; opening it may take CAP_SYSLOG: before the
 /// capabilities go. The log, if it opened, and the strategy's reason for what it gives.
-fn open_kernel_log(probes: &Probes) -> (Option<File>, String) {
+fn open_kernel_log(probes: &Probes) -> (Option<kmsg::KernelLog>, String) {
     let kmsg = kmsg::open();
     let reason = xid::kmsg_reason(kmsg.as_ref().map(|_| ()), probes.strategy().xid_tracepoint);
     if kmsg.is_err() {

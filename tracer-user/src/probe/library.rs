@@ -20,6 +20,7 @@ use object::{
 
 use super::{
     attach::{self, AttachError, Hook},
+    compat,
     plt::Plt,
 };
 use crate::event::Strategy;
@@ -89,7 +90,11 @@ pub fn find_one(name: &str) -> Option<PathBuf> {
         .next()
 }
 
-/// `names` under each of `roots`: where its linker cache says, else in the usual directories.
+/// The library cuda-compat ships a newer copy of (compat.rs).
+const COMPAT_LIBRARY: &str = "libcuda.so.1";
+
+/// `names` under each of `roots`: where its linker cache says, else in the usual directories;
+/// libcuda also in the cuda-compat directories.
 fn find_in(roots: &[&Path], names: &[&str]) -> Vec<PathBuf> {
     let mut seen = BTreeSet::new();
     let mut found = Vec::new();
@@ -99,7 +104,13 @@ fn find_in(roots: &[&Path], names: &[&str]) -> Vec<PathBuf> {
         for name in names {
             let cached = ld_cache_paths(&cache, name).into_iter().map(|p| under(&p));
             let fallback = FALLBACK_DIRS.iter().map(|d| under(Path::new(d)).join(name));
-            for path in cached.chain(fallback) {
+            let compat_dirs = if *name == COMPAT_LIBRARY {
+                compat::dirs(root)
+            } else {
+                Vec::new()
+            };
+            let compat = compat_dirs.into_iter().map(|d| d.join(name));
+            for path in cached.chain(fallback).chain(compat) {
                 let Ok(real) = fs::canonicalize(&path) else {
                     continue;
                 };
@@ -305,6 +316,29 @@ mod tests {
         let found = find_in(&[Path::new("/nonexistent"), &root], &["libcuda.so.1"]);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(found, vec![real]);
+    }
+
+    #[test]
+    fn a_cuda_compat_libcuda_is_found_beside_the_drivers() {
+        let root = std::env::temp_dir().join(format!("linger-compat-root-{}", std::process::id()));
+        let driver = root.join(MULTIARCH[0].trim_start_matches('/'));
+        let compat = root.join("usr/local/cuda-12.8/compat");
+        for dir in [&driver, &compat] {
+            fs::create_dir_all(dir).expect("library directory");
+            fs::write(dir.join("libcuda.so.1"), b"a copy of its own").expect("library");
+            // The compat package ships no NVML: none is looked for there.
+            fs::write(dir.join("libnvidia-ml.so.1"), b"nvml").expect("library");
+        }
+        let found = find_in(&[&root], &LIBRARIES);
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(
+            found,
+            vec![
+                driver.join("libcuda.so.1"),
+                compat.join("libcuda.so.1"),
+                driver.join("libnvidia-ml.so.1")
+            ]
+        );
     }
 
     #[test]

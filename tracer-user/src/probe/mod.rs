@@ -1,6 +1,7 @@
 //! Loading and attaching the eBPF programs, and probing what the kernel allows.
 
 pub mod attach;
+mod compat;
 pub mod config;
 pub mod devices;
 pub mod doctor;

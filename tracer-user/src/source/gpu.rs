@@ -2,14 +2,14 @@
 //! about GPU holders captured while they are alive. All of them become events, so a recording
 //! replays without the machine.
 
-use std::{collections::HashSet, fs::File, sync::Arc};
+use std::{collections::HashSet, sync::Arc};
 
 use log::{info, warn};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{
     cost::{Cost, Part, Stopwatch},
-    kmsg::KmsgReader,
+    kmsg::{KernelLog, KmsgReader},
     nvml::{self, NvmlSampler},
     pace::Pace,
     procfs,
@@ -61,7 +61,7 @@ impl GpuSources {
         nvml: bool,
         how: procfs::Describe,
         lean: bool,
-        kmsg: Option<File>,
+        kmsg: Option<KernelLog>,
     ) -> Self {
         let now = boottime_ns();
         let mut data = vec![EventData::GpuDevices {

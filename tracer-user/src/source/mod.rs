@@ -8,6 +8,7 @@ pub mod kallsyms;
 pub mod kcmp;
 pub mod kernel;
 pub mod kmsg;
+pub mod kmsg_clock;
 pub mod machine;
 pub mod nvml;
 mod nvml_budget;

@@ -12,8 +12,10 @@ use serde_json::Value;
 use super::MARK;
 
 mod by_driver;
+mod compat;
 mod driver;
 mod late_driver;
+mod timeline;
 
 /// /tmp/gpu0, a node of /dev/full's number (char 1:7), in the kernel's dev_t encoding.
 const GPU0: u64 = 1 << 20 | 7;
@@ -247,9 +249,12 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
     if strategy["fput"] != mode || strategy["requested"] != mode {
         bail!("the strategy event does not say {mode}: {strategy}");
     }
+    let timeline = timeline::Timeline::read(guest, mode);
+    eprintln!("xtask vm: {mode}: {timeline}");
     t.find("group-dead exit of the holder", |e| {
         e["pid"] == holder && e["data"]["kind"] == "task_exit" && e["data"]["group_dead"] == true
-    })?;
+    })
+    .with_context(|| timeline.to_string())?;
     // /tmp/gpu0: closed as fd 3, held as fd 4 when killed.
     let closed = t.closed(3, GPU0)?;
     let on_close = t.fput(&closed, "close path of /tmp/gpu0")?;

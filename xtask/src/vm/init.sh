@@ -24,6 +24,25 @@ await() {
         i=$((i + 1))
     done
 }
+# Waits for linger ($1) to end on its own, for up to $2 tenths of a second after the event it
+# was started for, then stops it with SIGINT (said as $3-stopped); its exit status. A run's
+# limit counts from that event, not from linger's start: under emulation, on shared cores,
+# loading the programs alone can take minutes.
+finish() {
+    i=0
+    while kill -0 "$1" 2>/dev/null; do
+        if [ $i -ge "$2" ]; then
+            say $3-stopped
+            kill -INT "$1"
+            break
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    wait "$1"
+}
+# Seconds since boot: when each step of a scenario happened, said with its results.
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
 
 say kernel "$(uname -r)"
 # Stand-in GPU files: /dev/full's device number, declared one with --gpu-device; and the
@@ -34,7 +53,9 @@ mknod /tmp/gpu0 c 1 7
 # starts with no system call tracepoint, and once /proc/devices lists the driver it hooks the
 # driver's functions (this kernel allows kprobes) or, with `--driver-hooks off`, attaches the
 # system call tracepoints. With LIB=1 the driver comes with its library (the stand-in
-# libcuda, installed where linger looks for it), which the GPU process calls through. Then a
+# libcuda, installed where linger looks for it), which the GPU process calls through; with
+# LIB=compat a second copy of it comes too, in a cuda-compat directory, and the GPU process
+# loads that one through LD_LIBRARY_PATH, as a program using cuda-compat does. Then a
 # GPU process allocates 1 GiB, forks a child that keeps its files, and both are SIGKILLed.
 # $1: the tag; the rest: linger's options.
 late_driver() {
@@ -42,14 +63,21 @@ late_driver() {
     shift
     # The last scenario's log says "tracing" too: gone before this one's linger starts.
     rm -f /tmp/live.out /tmp/live.err
-    /linger live --json --events --no-nvml --duration 120s "$@" > /tmp/live.out 2> /tmp/live.err &
+    /linger live --json --events --no-nvml "$@" > /tmp/live.out 2> /tmp/live.err &
     live=$!
     lib=
     if await /tmp/live.err "linger: tracing" 1200 $live; then
+        load=
         if [ -n "${LIB:-}" ]; then
             lib=/usr/lib/$(uname -m)-linux-gnu/libcuda.so.1
             mkdir -p "${lib%/*}"
             cp /libcuda.so.1 $lib
+            load=$lib
+        fi
+        if [ "${LIB:-}" = compat ]; then
+            mkdir -p /usr/local/cuda-12.8/compat
+            cp /libcuda.so.1 /usr/local/cuda-12.8/compat/
+            load=libcuda.so.1
         fi
         insmod /standin.ko delay_ms=200
         say $tag-insmod-exit $?
@@ -57,9 +85,13 @@ late_driver() {
             mknod /tmp/nvidia0 c 195 0
             mknod /tmp/nvidia1 c 195 1
             mknod /tmp/nvidia-uvm c "$(sed -n 's/^ *\([0-9]*\) nvidia-uvm$/\1/p' /proc/devices)" 0
-            LINGER_VM_GPU_LIB=$lib sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
+            compat_path=
+            [ "${LIB:-}" = compat ] && compat_path=/usr/local/cuda-12.8/compat
+            LINGER_VM_GPU_LIB=$load LD_LIBRARY_PATH=$compat_path sh -c 'exec 9<>/tmp/nvidia1; exec /linger-vm-gpu /tmp/nvidia0 /tmp/nvidia-uvm 1073741824 /tmp/held' &
             gpu=$!
             await /tmp/held held 300
+            # Which libcuda the GPU process loaded.
+            say $tag-libcuda "$(grep -m1 libcuda /proc/$gpu/maps | awk '{print $6}')"
             say $tag-holder $gpu
             say $tag-child "$(sed -n 's/^held //p' /tmp/held)"
             kill -9 $gpu
@@ -70,11 +102,11 @@ late_driver() {
         fi
         kill -INT $live
     fi
-    wait $live
+    finish $live 600 $tag
     say $tag-exit $?
     tagged $tag-out /tmp/live.out
     tagged $tag-err /tmp/live.err
-    rm -f /tmp/held /tmp/nvidia0 /tmp/nvidia1 /tmp/nvidia-uvm $lib
+    rm -rf /tmp/held /tmp/nvidia0 /tmp/nvidia1 /tmp/nvidia-uvm $lib /usr/local/cuda-12.8
 }
 late_driver late-tp --driver-hooks off
 rmmod nvidia
@@ -82,6 +114,9 @@ say late-rmmod-exit $?
 LIB=1 late_driver late-lib --driver-hooks off
 rmmod nvidia
 say late-lib-rmmod-exit $?
+LIB=compat late_driver late-compat --driver-hooks off
+rmmod nvidia
+say late-compat-rmmod-exit $?
 late_driver late
 # Whatever became of that, the driver and its nodes for what follows.
 grep -q "^nvidia " /proc/modules || { insmod /standin.ko delay_ms=200; say insmod-exit $?; }
@@ -98,14 +133,18 @@ tagged doctor-err /tmp/doctor.err
 # One scenario per driver-hook strategy. The holder opens and closes /tmp/gpu0 (the close
 # path); runs an ioctl on nvidia0 (stty's TCGETS); closes nvidia0 (the RM cleanup sleeps) and
 # nvidia1 (the driver defers it to a worker); and is SIGKILLed holding gpu0 and nvidia-uvm
-# (the exit path, where the UVM release sleeps).
-deferred=0
+# (the exit path, where the UVM release sleeps). The kill waits for the holder's deferred
+# close: one more than the module counted before (the late scenario's GPU process left one),
+# not a count of this loop's own (that was one short, and the wait then ran to its end).
 for mode in fentry kprobe; do
     rm -f /tmp/live.* /tmp/held
     /linger live --json --events --no-nvml --driver-hooks $mode --gpu-device /tmp/gpu0 \
-        --count 1 --duration 120s --record /tmp/live.trace > /tmp/live.out 2> /tmp/live.err &
+        --count 1 --record /tmp/live.trace > /tmp/live.out 2> /tmp/live.err &
     live=$!
+    started=$(uptime_s) tracing= killed=
     if await /tmp/live.err "linger: tracing" 1200 $live; then
+        tracing=$(uptime_s)
+        deferred=$(($(cat /sys/module/nvidia/parameters/deferred_closes) + 1))
         sh -c 'exec 3<>/tmp/gpu0; exec 3>&-; exec 4<>/tmp/gpu0
                stty -F /tmp/nvidia0 2>/dev/null
                exec 5<>/tmp/nvidia0 6<>/tmp/nvidia1 7<>/tmp/nvidia-uvm
@@ -113,14 +152,17 @@ for mode in fentry kprobe; do
                echo held > /tmp/held; exec sleep 600' &
         holder=$!
         await /tmp/held held 300
-        deferred=$((deferred + 1))
-        await /sys/module/nvidia/parameters/deferred_closes "^$deferred$" 300
+        await /sys/module/nvidia/parameters/deferred_closes "^$deferred$" 300 ||
+            say $mode-no-deferred-close
         say $mode-holder $holder
         kill -9 $holder
+        killed=$(uptime_s)
         wait $holder
     fi
-    wait $live
+    # --count 1: linger ends with the holder's incident, which may take a while after the kill.
+    finish $live 600 $mode
     say $mode-exit $?
+    say $mode-times "started=$started tracing=$tracing killed=$killed ended=$(uptime_s)"
     tagged $mode-out /tmp/live.out
     tagged $mode-err /tmp/live.err
     /linger replay /tmp/live.trace --json --events > /tmp/replay.out 2> /tmp/replay.err
@@ -134,7 +176,7 @@ done
 # child that keeps its files and is SIGKILLed; then the child is, and its exit releases the
 # files (the UVM release sleeps).
 rm -f /tmp/live.* /tmp/held
-/linger live --json --events --no-nvml --duration 120s --record /tmp/live.trace \
+/linger live --json --events --no-nvml --record /tmp/live.trace \
     > /tmp/live.out 2> /tmp/live.err &
 live=$!
 if await /tmp/live.err "linger: tracing" 1200 $live; then
@@ -151,7 +193,7 @@ if await /tmp/live.err "linger: tracing" 1200 $live; then
     sleep 2
     kill -INT $live
 fi
-wait $live
+finish $live 600 driver
 say driver-exit $?
 tagged driver-out /tmp/live.out
 tagged driver-err /tmp/live.err

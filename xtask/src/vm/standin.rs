@@ -13,16 +13,54 @@ use anyhow::{bail, Context, Result};
 
 use super::{guest::Guest, Kernel};
 
+/// The module's sources, by file name.
+const MODULE_SOURCES: [(&str, &str); 3] = [
+    ("nvidia.c", include_str!("standin/nvidia.c")),
+    ("Kbuild", include_str!("standin/Kbuild")),
+    ("standin-xid.h", include_str!("standin/standin-xid.h")),
+];
+
+/// The stand-in module for `kernel`, built in `dir` unless the module already there was
+/// built from the same sources for the same kernel release with the same compiler (a kernel's
+/// headers of one release do not change): a cache for reruns on this machine, which a fresh
+/// clone fills anew.
 pub fn build(dir: &Path, kernel: &Kernel, guest: Guest) -> Result<PathBuf> {
-    let headers = &kernel.headers;
     let src = dir.join("standin");
+    let module = src.join("nvidia.ko");
+    let key_file = src.join("built-from");
+    let key = build_key(kernel, guest);
+    if module.exists() && fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
+        eprintln!(
+            "xtask vm: the stand-in module for {} is cached",
+            kernel.release
+        );
+        return Ok(module);
+    }
+    let _ = fs::remove_file(&key_file);
     fs::create_dir_all(&src)?;
-    fs::write(src.join("nvidia.c"), include_str!("standin/nvidia.c"))?;
-    fs::write(src.join("Kbuild"), include_str!("standin/Kbuild"))?;
-    fs::write(
-        src.join("standin-xid.h"),
-        include_str!("standin/standin-xid.h"),
-    )?;
+    for (name, text) in MODULE_SOURCES {
+        fs::write(src.join(name), text)?;
+    }
+    make_module(&src, kernel, guest)?;
+    fs::write(&key_file, key)?;
+    Ok(module)
+}
+
+/// What the built module depends on: the kernel release, the compiler, the sources' hash.
+fn build_key(kernel: &Kernel, guest: Guest) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    MODULE_SOURCES.hash(&mut hash);
+    format!(
+        "{} {} {:016x}\n",
+        kernel.release,
+        guest.gcc(),
+        hash.finish()
+    )
+}
+
+fn make_module(src: &Path, kernel: &Kernel, guest: Guest) -> Result<()> {
+    let headers = &kernel.headers;
     let out = Command::new("make")
         .arg("-C")
         .arg(headers)
@@ -42,7 +80,7 @@ pub fn build(dir: &Path, kernel: &Kernel, guest: Guest) -> Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(src.join("nvidia.ko"))
+    Ok(())
 }
 
 /// The stand-in libcuda.so.1, built once for every guest of an architecture (it runs on their

@@ -53,9 +53,7 @@ pub fn check(guest: &Guest) -> Result<()> {
     // The ledger: the allocation, decoded at the driver's return.
     find("RM_ALLOC of 1 GiB", &|e| allocates_a_gib(e, holder))?;
     let incidents = last_incidents(&out);
-    let parent = incidents
-        .get(&holder)
-        .with_context(|| format!("no incident for the GPU process {holder}"))?;
+    let parent = incident_of(&incidents, holder)?;
     let kept = parent["holders"]
         .as_array()
         .into_iter()
@@ -161,6 +159,13 @@ pub(super) fn last_incidents(lines: &[Value]) -> BTreeMap<u64, Value> {
 }
 
 /// The events of a `linger live --json --events` output.
+/// The last record of the incident of `pid` among `incidents`.
+pub(super) fn incident_of(incidents: &BTreeMap<u64, Value>, pid: u64) -> Result<&Value> {
+    incidents
+        .get(&pid)
+        .with_context(|| format!("no incident for the GPU process {pid}"))
+}
+
 pub(super) fn events_of(lines: &[Value]) -> Vec<&Value> {
     lines
         .iter()

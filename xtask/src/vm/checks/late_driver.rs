@@ -1,14 +1,17 @@
 //! The driver registers after linger started: no system call tracepoint until then, and once
 //! /proc/devices lists it, its own functions are hooked (this kernel allows kprobes); with
-//! `--driver-hooks off`, the NVIDIA library that came with it (the stand-in libcuda) is hooked,
-//! or without one the system call tracepoints come; each way the holder and the ledger are
-//! right.
+//! `--driver-hooks off`, the NVIDIA library that came with it (the stand-in libcuda) is hooked
+//! (a cuda-compat copy of it too: compat.rs), or without one the system call tracepoints come;
+//! each way the holder and the ledger are right.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::{
-    by_driver::{allocates_a_gib, events_of, find_event, last_incidents, ANSWERING, GIB, NVIDIA0},
+    by_driver::{
+        allocates_a_gib, events_of, find_event, incident_of, last_incidents, ANSWERING, GIB,
+        NVIDIA0,
+    },
     Guest,
 };
 
@@ -26,6 +29,10 @@ pub fn check(guest: &Guest) -> Result<()> {
     scenario(guest, "late-lib", Answer::Library)
         .context("with --driver-hooks off and the library")?;
     guest.succeeded("late-lib-rmmod")?;
+    scenario(guest, "late-compat", Answer::Library)
+        .and_then(|()| super::compat::check(guest))
+        .context("with --driver-hooks off and a cuda-compat library")?;
+    guest.succeeded("late-compat-rmmod")?;
     scenario(guest, "late", Answer::Driver)?;
     eprintln!(
         "xtask vm:   driver registered late: its functions hooked then (with --driver-hooks off \
@@ -110,9 +117,7 @@ fn scenario(guest: &Guest, tag: &str, answer: Answer) -> Result<()> {
     })?;
     find("RM_ALLOC of 1 GiB", &|e| allocates_a_gib(e, holder))?;
     let incidents = last_incidents(&out);
-    let parent = incidents
-        .get(&holder)
-        .with_context(|| format!("no incident for the GPU process {holder}"))?;
+    let parent = incident_of(&incidents, holder)?;
     if parent["gpu"]["bytes_ledger"] != GIB {
         bail!(
             "the GPU process's ledger is not its 1 GiB: {}",
