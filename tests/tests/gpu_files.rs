@@ -104,9 +104,8 @@ fn open_dup_and_close_are_followed_to_the_exit() {
         .filter(|(op, ..)| op == "close")
         .map(|o| o.1)
         .collect();
-    // The dup's, not the three of /dev/null that followed.
     assert_eq!(closed.len(), 1, "{ops:?}");
-    // Closes are recorded by number only: the file is user space's to know.
+    // Closes are recorded at the call's exit, when the descriptor is gone: by number only.
     assert!(
         ops.iter().filter(|o| o.0 != "close").all(|o| o.2 == file),
         "every descriptor is the same open file"

@@ -157,18 +157,22 @@ pub fn fcntl_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// sys_enter_close of a GPU holder: recorded when the descriptor (args[0]@16) is a GPU file,
-/// by number (user space knows which file it was). At the call, because the descriptor is
-/// gone at its exit and a close releases it even when it fails; a CUDA program closes
-/// hundreds of other descriptors, which were most of its records when every close was.
+/// sys_exit_close of a GPU holder: the descriptor (the first argument) is gone, so the record
+/// names only it; user space knows which file it was. Its closes of other files are recorded
+/// too (hundreds for a CUDA program): `sys_enter_close` could look at the file first, but
+/// every system call of every process would then pay for an entry tracepoint as well (+11 ns a
+/// getppid in `cargo xtask bench`, 2026-12-05).
 #[tracepoint]
 pub fn fd_close(ctx: TracePointContext) -> u32 {
     if !is_holder(current_ids().0) {
         return 0;
     }
-    // SAFETY: offset of the first argument in the stable sys_enter format.
-    let fd = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(u64::MAX);
-    if fd > i32::MAX as u64 || gpu_file_at(fd as u32).is_none() {
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    let Some([fd, _, _]) = syscall_args() else {
+        return 0;
+    };
+    if ret != 0 || fd > i32::MAX as u64 {
         return 0;
     }
     emit::<GpuFd>(|e| {

@@ -102,7 +102,7 @@ pub const SYSCALLS: [(&str, &[&str]); 5] = [
         ],
     ),
     ("fcntl_exit", &["sys_exit_fcntl"]),
-    ("fd_close", &["sys_enter_close"]),
+    ("fd_close", &["sys_exit_close"]),
     ("fd_close_range", &["sys_exit_close_range"]),
 ];
 

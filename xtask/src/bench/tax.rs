@@ -44,7 +44,7 @@ pub fn section(
          shows the noise band), `perf record` with one system call tracepoint (`{}`: every \
          system call goes through the kernel's tracing slow path while any such tracepoint is \
          attached; this is its floor), `linger live --syscall-hooks` (the system call \
-         tracepoints: exits, and one entry, close's; the default mode where an NVIDIA driver is \
+         tracepoints: exits only, no entry hook; the default mode where an NVIDIA driver is \
          registered and neither its functions nor its libraries can be hooked), and `linger \
          live --lean` (no system call tracepoint at all). This machine has no NVIDIA driver, \
          so its plain default attaches none either, as `--lean`; the storms of section 1 \
@@ -95,9 +95,9 @@ pub fn section(
         md,
         "\nAdded per getppid() (median of (traced − baseline) / N): `perf` {:+.1} ns, linger \
          --syscall-hooks {:+.1} ns. linger's programs run for none of these calls: what they \
-         cost is the kernel's tracepoint calls at every system call's entry and exit (the \
-         kernel tests the call's number before it runs a program) and none with `--lean`. The \
-         ping-pong part is dominated by the two context switches and their noise.\n\nOn stock kernels (kprobes or fentry \
+         cost is the kernel's tracepoint calls, one per system call exit with the system call \
+         tracepoints (an entry hook would be a second) and none with `--lean`. The ping-pong part is dominated by \
+         the two context switches and their noise.\n\nOn stock kernels (kprobes or fentry \
          allowed: Debian's 5.10, 6.1 and 6.12 in `cargo xtask vm`) the default mode attaches \
          no system call tracepoint at all, as `--lean` here: the strategy record lists every \
          hook attached and the VM test checks that none is a system call's, so a process that \
