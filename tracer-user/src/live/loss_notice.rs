@@ -12,7 +12,7 @@ const EVERY_NS: u64 = 60_000_000_000;
 
 #[derive(Default)]
 pub struct LossNotice {
-    kinds: BTreeMap<String, Kind>,
+    kinds: BTreeMap<LossKind, Kind>,
 }
 
 #[derive(Default)]
@@ -26,8 +26,7 @@ struct Kind {
 impl LossNotice {
     /// A loss report at `ts_ns`: the line to print now, if one is due.
     pub fn lost(&mut self, ts_ns: u64, count: u64, what: LossKind) -> Option<String> {
-        let name = describe(what);
-        let k = self.kinds.entry(name.clone()).or_default();
+        let k = self.kinds.entry(what).or_default();
         k.total += count;
         k.untold += count;
         let due = k
@@ -36,7 +35,7 @@ impl LossNotice {
         if !due {
             return None;
         }
-        let line = k.line(&name);
+        let line = k.line(what);
         k.told_at = Some(ts_ns);
         k.untold = 0;
         Some(line)
@@ -47,8 +46,8 @@ impl LossNotice {
         self.kinds
             .iter_mut()
             .filter(|(_, k)| k.untold > 0)
-            .map(|(name, k)| {
-                let line = k.line(name);
+            .map(|(what, k)| {
+                let line = k.line(*what);
                 k.untold = 0;
                 line
             })
@@ -57,7 +56,8 @@ impl LossNotice {
 }
 
 impl Kind {
-    fn line(&self, name: &str) -> String {
+    fn line(&self, what: LossKind) -> String {
+        let name = describe(what);
         match self.told_at {
             None => format!("linger: the kernel lost {} {name}", self.untold),
             Some(_) => format!(
