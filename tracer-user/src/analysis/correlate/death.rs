@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::{
-    holders::{FileId, Holder, How},
+    holders::{Fd, FileId, HeldFile, Holder, How},
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
     },
@@ -112,7 +112,13 @@ impl Correlator {
         let comm = comm.as_str();
         let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
         let workload = self.workload_of(pid);
+        let known: Vec<Fd> = self
+            .holders
+            .process(pid)
+            .map(|p| p.fds.values().cloned().collect())
+            .unwrap_or_default();
         let held = self.holders.group_died(pid);
+        self.holder_walked(pid, &held, &known);
         let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
@@ -258,6 +264,7 @@ impl Correlator {
             self.cases.iter().find(|(other, c)| {
                 **other != id
                     && c.inc.t_group_dead_ns.is_some()
+                    && c.files_may_be_open()
                     && c.files.iter().any(|f| files.contains(f))
                     && self.memory.back_ns(**other).is_none()
             })
@@ -444,6 +451,21 @@ impl Correlator {
             }
             self.agenda.touch(id);
             self.memory.activity(id, t);
+        }
+    }
+
+    /// A holder of dead processes' files died and its exit walk shows what it held: the
+    /// references it had that were counted as nobody's are accounted for.
+    fn holder_walked(&mut self, pid: u32, walk: &[HeldFile], known: &[Fd]) {
+        for id in self.cases.held_by(pid) {
+            let Some(c) = self.cases.get_mut(&id) else {
+                continue;
+            };
+            if c.unaccounted == 0 {
+                continue;
+            }
+            let found = references::revealed(walk, known, &c.files, self.holders.declared());
+            c.unaccounted = c.unaccounted.saturating_sub(found);
         }
     }
 

@@ -143,6 +143,17 @@ pub(in crate::analysis) struct Case {
     stuck_reported: bool,
 }
 
+impl Case {
+    /// Its files may still be open: it has not let go of them itself, or a holder of them
+    /// lives (known, or behind references nobody accounted for). Once every reference is gone
+    /// the kernel reuses the files' addresses for others' opens.
+    fn files_may_be_open(&self) -> bool {
+        self.kernel_release.is_none()
+            || self.unaccounted > 0
+            || self.holder_gone.values().any(Option::is_none)
+    }
+}
+
 #[derive(Default)]
 pub struct Correlator {
     pub(super) config: CorrelatorConfig,

@@ -149,6 +149,9 @@ pub struct MemoryBook {
     importing: BTreeMap<u32, BTreeSet<u64>>,
     /// Watches with an importer only NVML suggests, not back yet.
     suspects: BTreeSet<u64>,
+    /// Importer pid → the watches with a part it holds that only NVML suggests: its exit is
+    /// that part's return once a reading agrees.
+    nvml_importing: BTreeMap<u32, BTreeSet<u64>>,
     /// Watches by pid: a reading visits the watches of the processes it lists.
     by_pid: BTreeMap<u32, BTreeSet<u64>>,
     /// Watches the latest reading of each GPU listed.
@@ -192,7 +195,7 @@ const ALLOC_LAG_NS: u64 = 300_000_000;
 pub const VERIFY_NS: u64 = 500_000_000;
 /// A reading confirms an importer's release when taken at least this long after it (NVML's
 /// readings queue behind the driver during teardowns).
-const CONFIRM_AFTER_NS: u64 = 2_000_000;
+pub(super) const CONFIRM_AFTER_NS: u64 = 2_000_000;
 
 impl MemoryBook {
     pub fn watch(&self, key: u64) -> Option<&Watch> {
@@ -447,6 +450,17 @@ impl MemoryBook {
             .collect();
         for key in keys {
             self.import_released(key, pid, t_ns, ImportEnd::Exit);
+        }
+        for key in self.nvml_importing.remove(&pid).into_iter().flatten() {
+            let Some(w) = self.watches.get_mut(&key) else {
+                continue;
+            };
+            w.last_activity_ns = w.last_activity_ns.max(t_ns);
+            for r in w.devices.values_mut().flat_map(|d| d.residuals.iter_mut()) {
+                if r.importer == pid && r.via == ImportVia::Nvml {
+                    r.exited_ns.get_or_insert(t_ns);
+                }
+            }
         }
     }
 

@@ -7,7 +7,9 @@ use crate::event::NvmlGpu;
 
 use super::imports::{importers_of, Importers};
 use super::watch::Rise;
-use super::{figure, tolerance, Change, ImportVia, MemoryBook, OwnUse, Role, ALLOC_LAG_NS};
+use super::{
+    figure, tolerance, Change, ImportVia, MemoryBook, OwnUse, Role, ALLOC_LAG_NS, CONFIRM_AFTER_NS,
+};
 
 /// Releases on one GPU counted from one reading on.
 #[derive(Clone, Debug)]
@@ -258,6 +260,10 @@ impl MemoryBook {
                     for r in residuals.iter().filter(|r| r.via == ImportVia::Nvml) {
                         pool.suspected.insert(r.importer);
                         self.suspects.insert(key);
+                        self.nvml_importing
+                            .entry(r.importer)
+                            .or_default()
+                            .insert(key);
                     }
                     w.devices.entry(gpu).or_default().residuals = residuals.clone();
                     changes.push(Change::Imported { key, residuals });
@@ -308,7 +314,16 @@ impl MemoryBook {
                 continue;
             };
             for r in d.residuals.iter_mut().filter(|r| r.nvml_ns.is_none()) {
-                if let Some(&t) = backs.get(&r.importer).and_then(Option::as_ref) {
+                if let Some(exit) = r.exited_ns.filter(|_| !own.sees_calls()) {
+                    // Without driver calls the pool is no evidence: its files' release is the
+                    // moment, once a reading after it agrees.
+                    if figure(g, r.importer).is_some()
+                        || t_ns < exit.saturating_add(CONFIRM_AFTER_NS)
+                    {
+                        continue;
+                    }
+                    r.nvml_ns = Some(exit);
+                } else if let Some(&t) = backs.get(&r.importer).and_then(Option::as_ref) {
                     r.nvml_ns = Some(t);
                 } else if r.via != ImportVia::Nvml && figure(g, r.importer).is_some() {
                     continue;

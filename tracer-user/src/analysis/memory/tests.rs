@@ -284,3 +284,42 @@ fn a_death_on_gpu1_is_not_credited_with_gpu0s_frees() {
         }]
     );
 }
+
+/// What `--lean` sees a process do: nothing of its driver calls.
+struct Lean;
+
+impl OwnUse for Lean {
+    fn taken_on(&self, _: u32, _: u64, _: u64) -> u64 {
+        0
+    }
+
+    fn new_since(&self, _: u32, _: u64) -> bool {
+        false
+    }
+
+    fn sees_calls(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn without_driver_calls_an_importers_exit_is_its_imports_return_once_a_reading_agrees() {
+    let mut m = MemoryBook::default();
+    m.reading(0, &reading(6 * GIB, &[(10, 5 * GIB), (20, GIB / 2)]), Lean);
+    m.start(10, 10, 0);
+    m.died(10, 10, own());
+    let c = m.reading(90 * MS, &reading(11 * GIB / 2, &[(20, 5 * GIB)]), Lean);
+    assert!(
+        matches!(&c[0], Change::Imported { residuals, .. } if residuals[0].via == ImportVia::Nvml),
+        "{c:?}"
+    );
+    m.importer_exited(20, 500 * MS);
+    // NVML still lists it, then a reading too soon after its exit: not yet.
+    m.reading(499 * MS, &reading(11 * GIB / 2, &[(20, 5 * GIB)]), Lean);
+    m.reading(501 * MS, &reading(GIB, &[]), Lean);
+    let back = |m: &MemoryBook| m.watch(10).and_then(|w| w.residuals().next()?.back_ns);
+    assert_eq!(back(&m), None);
+    // A reading taken later no longer lists it: back at its exit, not at the reading.
+    m.reading(700 * MS, &reading(GIB, &[]), Lean);
+    assert_eq!(back(&m), Some(500 * MS));
+}

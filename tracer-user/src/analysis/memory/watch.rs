@@ -19,6 +19,9 @@ pub struct Residual {
     /// For an importer only NVML suggests: its figure's rise, which its own driver calls may
     /// yet explain (their records can arrive after the reading).
     pub(super) rise: Option<Rise>,
+    /// For an importer only NVML suggests: the kernel's release of its files (its exit),
+    /// the moment it let go once a reading no longer lists it.
+    pub(super) exited_ns: Option<u64>,
 }
 
 impl Residual {
@@ -31,6 +34,7 @@ impl Residual {
             back_ns: None,
             nvml_ns: None,
             rise: None,
+            exited_ns: None,
         }
     }
 

@@ -77,3 +77,33 @@ fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_
         }
     }
 }
+
+/// Once a dead process's files are released, the kernel reuses their addresses for other
+/// processes' opens: a later job exiting with a file at the same address holds its own memory,
+/// not the earlier victim's (whose import, here, is still held).
+#[test]
+fn lean_a_released_files_address_reused_by_a_new_job_is_not_the_old_victims_memory() {
+    const CTX: u64 = 518 << 20;
+    let mut r = Run::new();
+    r.lean();
+    r.nvml(0.0, 20 * GIB, &[(30, CTX)]);
+    r.holder(10, 0, 100.0);
+    r.nvml(200.0, 20 * GIB, &[(10, CTX + 4 * GIB), (30, CTX)]);
+    r.kill(SHELL, 10, 9, 300.0);
+    r.die(10, &[FILE], 300.1, 9);
+    r.zombie_and_reap(10, 420.0);
+    // The only riser, with a context of its own: it imported the victim's 4 GiB and holds it.
+    r.nvml(425.0, 20 * GIB, &[(30, CTX + 4 * GIB)]);
+    assert_eq!(verdict(r.last_of(10)), VerdictKind::Imported);
+    // A new job (found as a /proc look would) exits with a file at the address the victim's
+    // had; NVML lists it only during its teardown.
+    r.holder(40, 0, 700.0);
+    r.die(40, &[FILE], 800.0, 0);
+    r.nvml(805.0, 20 * GIB, &[(30, CTX + 4 * GIB), (40, GIB)]);
+    r.zombie_and_reap(40, 810.0);
+    r.nvml(820.0, 19 * GIB, &[(30, CTX + 4 * GIB)]);
+    r.tick(900.0);
+    let inc = r.last_of(40);
+    assert_eq!(verdict(inc), VerdictKind::Released, "{inc:?}");
+    assert_eq!(back(inc), Some(810 * MS), "its own release, confirmed");
+}
