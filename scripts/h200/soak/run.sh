@@ -31,12 +31,16 @@ for mode in $MODES; do
     --workers "${WORKERS:-16}" --rate "${RATE:-6}"
   echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
     "flight recorder $(du -sh "$W/state/flight" 2>/dev/null | cut -f1)"
-  "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls
+  # The answers first: trimming the recordings can outlast what is left of a call.
   tar czf "$OUT/soak-$mode.tgz" -C "$W" truth.jsonl metrics.jsonl state/incidents.jsonl agent.err
-  keep "$mode" && split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
-  if [ -d "$W/lean" ]; then
+  [ -d "$W/lean" ] && tar czf "$OUT/soak-lean.tgz" -C "$W" truth.jsonl lean/metrics.jsonl \
+    lean/state/incidents.jsonl lean/agent.err
+  if keep "$mode"; then
+    "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls
+    split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
+  fi
+  if [ -d "$W/lean" ] && keep lean; then
     "$T" "$W/lean/soak.trace" "$W/lean/soak.lgr" --drop-unread-controls
-    tar czf "$OUT/soak-lean.tgz" -C "$W" truth.jsonl lean/metrics.jsonl lean/state/incidents.jsonl lean/agent.err
-    keep lean && split -b 15m "$W/lean/soak.lgr" "$OUT/soak-lean.lgr.part-"
+    split -b 15m "$W/lean/soak.lgr" "$OUT/soak-lean.lgr.part-"
   fi
 done
