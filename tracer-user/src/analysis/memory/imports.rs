@@ -145,10 +145,12 @@ pub(super) enum Importers {
 
 /// Who holds the part of `w`'s share that did not come back: the importers the ledger knows
 /// of (with what it saw them duplicate, else what they rose by), else those NVML's figures
-/// point at, unless they are new jobs or rose by more than it had.
+/// point at, unless they are new jobs or rose by more than it had. `rivals`: other victims
+/// that left NVML's list at the same time.
 pub(super) fn importers_of(
     w: &Watch,
     risers: &[(u32, Rise)],
+    rivals: usize,
     share: u64,
     pool: i128,
     t_ns: u64,
@@ -195,8 +197,9 @@ pub(super) fn importers_of(
         left = share;
     }
     // Without driver calls, a candidate is told from a job allocating only where no other
-    // process's figure rose at the same time.
-    if !own.sees_calls() && !candidates.is_empty() && risers.len() > 1 {
+    // process's figure rose at the same time, and is the importer of this victim only where
+    // no other left the list with it.
+    if !own.sees_calls() && !candidates.is_empty() && (risers.len() > 1 || rivals > 0) {
         return Importers::Ambiguous(candidates.iter().map(|(p, r)| (*p, r.bytes)).collect());
     }
     for (importer, rise) in candidates {

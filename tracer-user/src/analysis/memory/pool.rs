@@ -235,6 +235,8 @@ impl MemoryBook {
             .map(|(key, w)| (w.kernel_release_ns.unwrap_or(u64::MAX), w.start_ns, *key))
             .collect();
         candidates.sort_unstable();
+        // Victims off the list together: without driver calls, a riser could hold any one's.
+        let rivals = candidates.len().saturating_sub(1);
         for (_, _, key) in candidates {
             let Some(w) = self.watches.get_mut(&key) else {
                 continue;
@@ -249,7 +251,8 @@ impl MemoryBook {
             // Without driver calls the pool cannot be trusted on a busy GPU (jobs NVML does
             // not list yet allocate into it): every vanishing is looked at.
             if no_residuals && (short || dup_seen || !own.sees_calls()) {
-                let residuals = match importers_of(w, risers, share, pool.bytes, t_ns, own) {
+                let residuals = match importers_of(w, risers, rivals, share, pool.bytes, t_ns, own)
+                {
                     Importers::Found(r) => r,
                     Importers::Ambiguous(rose) => {
                         w.ambiguous = rose;

@@ -107,3 +107,29 @@ fn lean_a_released_files_address_reused_by_a_new_job_is_not_the_old_victims_memo
     assert_eq!(verdict(inc), VerdictKind::Released, "{inc:?}");
     assert_eq!(back(inc), Some(810 * MS), "its own release, confirmed");
 }
+
+/// Two victims leave NVML's list in the same interval and one process rose by what either had:
+/// without driver calls it may hold either's (or be allocating), so neither is called imported.
+#[test]
+fn lean_one_riser_as_two_victims_leave_together_imports_for_neither() {
+    const CTX: u64 = 518 << 20;
+    let mut r = Run::new();
+    r.lean();
+    r.nvml(0.0, 30 * GIB, &[(30, CTX)]);
+    r.holder(10, 0, 100.0);
+    r.holder(20, 1, 100.0);
+    let both = [(10, CTX + 4 * GIB), (20, CTX + 4 * GIB), (30, CTX)];
+    r.nvml(200.0, 30 * GIB, &both);
+    r.kill(SHELL, 10, 9, 300.0);
+    r.kill(SHELL, 20, 9, 300.5);
+    r.die(10, &[FILE], 300.1, 9);
+    r.die(20, &[FILE + 1], 300.6, 9);
+    r.zombie_and_reap(10, 420.0);
+    r.zombie_and_reap(20, 421.0);
+    r.nvml(425.0, 30 * GIB, &[(30, CTX + 4 * GIB)]);
+    r.tick(500.0);
+    for pid in [10, 20] {
+        let inc = r.last_of(pid);
+        assert_eq!(verdict(inc), VerdictKind::Incomplete, "{inc:?}");
+    }
+}

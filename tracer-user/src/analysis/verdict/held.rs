@@ -135,7 +135,8 @@ fn unreconciled(inc: &Incident, importers: &[&Holder]) -> Verdict {
 }
 
 /// Without driver calls, NVML's figures cannot tell an import of the target's memory from
-/// other jobs' allocations at the same moment.
+/// other jobs' allocations at the same moment, or from an import of another victim's leaving
+/// NVML's list with it.
 fn ambiguous_verdict(inc: &Incident, rose: &[(u32, String, u64)]) -> Verdict {
     let who: Vec<String> = rose
         .iter()
@@ -144,9 +145,10 @@ fn ambiguous_verdict(inc: &Incident, rose: &[(u32, String, u64)]) -> Verdict {
     Verdict {
         kind: VerdictKind::Incomplete,
         evidence: vec![format!(
-            "as pid {} left NVML's list, NVML's figures rose for {} while other processes' \
-             rose too: without driver calls (--lean), an import of its memory cannot be told \
-             from those processes' own allocations",
+            "as pid {} left NVML's list, NVML's figures rose for {}, with other processes \
+             rising or other victims leaving at the same time: without driver calls (--lean), \
+             an import of its memory cannot be told from those processes' own allocations or \
+             from an import of another victim's",
             inc.target.pid,
             who.join(", ")
         )],
