@@ -3,7 +3,10 @@
 //! job's memory is back when the last process holding it (itself, a forked child, a CUDA IPC
 //! importer) has been reaped. Every job that ended within the committed opening of the run must
 //! have an incident with the verdict, the holders and the memory's return (within 5 ms) that the
-//! truth gives: scripts/h200/soak/check.py's assertions, on the fixture CI carries.
+//! truth gives: scripts/h200/soak/check.py's assertions, on the fixture CI carries. With
+//! `--lean` (4 jobs at a time, one kill a second), an IPC exporter's incident may say
+//! `incomplete` instead, as docs/modes.md says: without driver calls an import is told from
+//! another job's allocation by NVML's figures alone.
 
 use std::{collections::HashMap, path::Path, process::Command};
 
@@ -18,8 +21,9 @@ const SLOW_NS: i64 = 1_000_000_000;
 /// Jobs are judged when they ended this long before the recording's cut: later ones' last
 /// records may lie past it.
 const MARGIN_NS: u64 = 5_000_000_000;
-/// The committed runs: the opening of each, cut by `linger-trace-trim --until`.
-const RUNS: &[&str] = &["default"];
+/// The committed runs (their directories), the opening of each cut by
+/// `linger-trace-trim --until`, and whether the agent ran with `--lean`.
+const RUNS: &[(&str, bool)] = &[("default", false), ("lean", true)];
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
@@ -59,7 +63,7 @@ fn t_back(job: &Value) -> u64 {
 }
 
 /// What is wrong with the answer to `job`, if anything.
-fn judge(job: &Value, incidents: &HashMap<u64, Vec<Value>>) -> Option<String> {
+fn judge(job: &Value, incidents: &HashMap<u64, Vec<Value>>, lean: bool) -> Option<String> {
     let pid = job["pid"].as_u64().expect("pid");
     let back = t_back(job);
     let start = job["t_start_ns"].as_u64().expect("start");
@@ -90,6 +94,9 @@ fn judge(job: &Value, incidents: &HashMap<u64, Vec<Value>>) -> Option<String> {
         _ => &[want],
     };
     let verdict = inc["verdict"]["kind"].as_str().unwrap_or("none");
+    if lean && want == "imported" && verdict == "incomplete" {
+        return None;
+    }
     let mut holders: Vec<u64> = inc["holders"]
         .as_array()
         .map(|h| h.iter().filter_map(|h| h["pid"].as_u64()).collect())
@@ -118,7 +125,7 @@ fn judge(job: &Value, incidents: &HashMap<u64, Vec<Value>>) -> Option<String> {
     })
 }
 
-fn check(run: &str) {
+fn check(run: &str, lean: bool) {
     let dir = h200().join("soak").join(run);
     let trace = dir.join("soak.lgr");
     let out = Command::new(linger())
@@ -136,7 +143,7 @@ fn check(run: &str) {
         .filter(|j| j.get("failed").is_none() && j.get("t_start_ns").is_some())
         .filter(|j| t_back(j) + MARGIN_NS < cut)
         .collect();
-    let wrong: Vec<String> = jobs.iter().filter_map(|j| judge(j, &incidents)).collect();
+    let wrong: Vec<String> = jobs.iter().filter_map(|j| judge(j, &incidents, lean)).collect();
     let killed = jobs.iter().filter(|j| j.get("t_kill_ns").is_some()).count();
     assert!(
         killed >= 100,
@@ -164,7 +171,7 @@ fn recording_end(trace: &Path) -> u64 {
 
 #[test]
 fn every_job_of_the_soaks_opening_gets_the_answer_its_truth_gives() {
-    for run in RUNS {
-        check(run);
+    for (run, lean) in RUNS {
+        check(run, *lean);
     }
 }
