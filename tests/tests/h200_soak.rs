@@ -143,7 +143,10 @@ fn check(run: &str, lean: bool) {
         .filter(|j| j.get("failed").is_none() && j.get("t_start_ns").is_some())
         .filter(|j| t_back(j) + MARGIN_NS < cut)
         .collect();
-    let wrong: Vec<String> = jobs.iter().filter_map(|j| judge(j, &incidents, lean)).collect();
+    let wrong: Vec<String> = jobs
+        .iter()
+        .filter_map(|j| judge(j, &incidents, lean))
+        .collect();
     let killed = jobs.iter().filter(|j| j.get("t_kill_ns").is_some()).count();
     assert!(
         killed >= 100,
