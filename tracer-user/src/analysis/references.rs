@@ -101,11 +101,11 @@ mod tests {
         // process's files (opened before the fork, unseen), nvidiactl's 200 (whose count says
         // nothing) and a file of its own.
         let walk = [
-            walk_entry(8, 100),
-            walk_entry(9, 101),
-            walk_entry(10, 102),
+            walked(8, 100, GPU0),
+            walked(9, 101, GPU0),
+            walked(10, 102, GPU0),
             walked(11, 200, CTL),
-            walk_entry(12, 300),
+            walked(12, 300, GPU0),
         ];
         assert_eq!(revealed(&walk, &[known(100, fork)], &dead_files, &[]), 2);
         // A table shared with the dead process (CLONE_FILES) holds no reference of its own.
@@ -120,9 +120,5 @@ mod tests {
             })
             .collect();
         assert_eq!(revealed(&unwalked, &[], &dead_files, &[]), 0);
-    }
-
-    fn walk_entry(fd: i32, file: u64) -> HeldFile {
-        walked(fd, file, GPU0)
     }
 }

@@ -112,13 +112,14 @@ impl Correlator {
         let comm = comm.as_str();
         let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
         let workload = self.workload_of(pid);
-        let known: Vec<Fd> = self
-            .holders
-            .process(pid)
-            .map(|p| p.fds.values().cloned().collect())
-            .unwrap_or_default();
+        // What it was known to hold, for the cases whose files it holds, before it goes.
+        let holds_for = self.cases.held_by(pid);
+        let known: Vec<Fd> = match self.holders.process(pid) {
+            Some(p) if !holds_for.is_empty() => p.fds.values().cloned().collect(),
+            _ => Vec::new(),
+        };
         let held = self.holders.group_died(pid);
-        self.holder_walked(pid, &held, &known);
+        self.holder_walked(&holds_for, &held, &known);
         let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
@@ -456,9 +457,9 @@ impl Correlator {
 
     /// A holder of dead processes' files died and its exit walk shows what it held: the
     /// references it had that were counted as nobody's are accounted for.
-    fn holder_walked(&mut self, pid: u32, walk: &[HeldFile], known: &[Fd]) {
-        for id in self.cases.held_by(pid) {
-            let Some(c) = self.cases.get_mut(&id) else {
+    fn holder_walked(&mut self, cases: &[u64], walk: &[HeldFile], known: &[Fd]) {
+        for id in cases {
+            let Some(c) = self.cases.get_mut(id) else {
                 continue;
             };
             if c.unaccounted == 0 {

@@ -4,6 +4,9 @@ use crate::analysis::verdict::VerdictKind;
 
 use super::run::{back, verdict, Run, FILE, GIB, MS, SHELL};
 
+/// A CUDA context's own memory, as NVML lists it on the H200.
+const CTX: u64 = 518 << 20;
+
 #[test]
 fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
     let mut r = Run::new();
@@ -29,7 +32,6 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
 /// imports nothing.
 #[test]
 fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_it() {
-    const CTX: u64 = 518 << 20;
     const STARTING: u64 = 14 << 20;
     // (other processes' figures before and as the victim leaves the list; the verdict)
     type Figures<'a> = &'a [(u32, u64)];
@@ -83,7 +85,6 @@ fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_
 /// not the earlier victim's (whose import, here, is still held).
 #[test]
 fn lean_a_released_files_address_reused_by_a_new_job_is_not_the_old_victims_memory() {
-    const CTX: u64 = 518 << 20;
     let mut r = Run::new();
     r.lean();
     r.nvml(0.0, 20 * GIB, &[(30, CTX)]);
@@ -112,7 +113,6 @@ fn lean_a_released_files_address_reused_by_a_new_job_is_not_the_old_victims_memo
 /// without driver calls it may hold either's (or be allocating), so neither is called imported.
 #[test]
 fn lean_one_riser_as_two_victims_leave_together_imports_for_neither() {
-    const CTX: u64 = 518 << 20;
     let mut r = Run::new();
     r.lean();
     r.nvml(0.0, 30 * GIB, &[(30, CTX)]);
