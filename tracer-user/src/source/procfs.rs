@@ -2,6 +2,7 @@
 //! tracing begins.
 
 use std::{
+    cmp::Ordering,
     collections::HashMap,
     fs,
     os::unix::fs::{FileTypeExt, MetadataExt},
@@ -304,30 +305,63 @@ pub fn gpu_descriptors(pid: u32, devices: &GpuDevices) -> Vec<Found> {
 /// Group ids (after `last`: last + 1, last + 2, ...) such that two descriptors share one
 /// exactly when they are the same open file.
 fn group_by_open_file(found: &[Found], last: u64) -> Vec<u64> {
-    // One representative descriptor per group, by device.
-    let mut reps: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+    // One representative descriptor per group, by device, in the kernel's order of open
+    // files: a busy node's snapshot has hundreds of GPU descriptors, nearly all distinct, and
+    // comparing each with every group took tens of thousands of kcmp calls.
+    let mut reps: HashMap<u32, Representatives> = HashMap::new();
     let mut next = last;
-    found
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let reps = reps.entry(f.dev).or_default();
-            let same = reps
-                .iter()
-                .find(|(j, _)| kcmp::same_file(f.pid, f.fd, found[*j].pid, found[*j].fd));
-            if let Some(&(_, group)) = same {
-                return group;
-            }
-            next += 1;
-            reps.push((i, next));
-            next
+    (0..found.len())
+        .map(|i| {
+            reps.entry(found[i].dev)
+                .or_default()
+                .group(found, i, &mut next)
         })
         .collect()
 }
 
+/// One device's groups: (index of a descriptor in the scan, group id), sorted by kcmp's
+/// order while every comparison answered; a failed one (a process gone mid-scan) leaves them
+/// unsorted, compared one by one from then on.
+#[derive(Default)]
+struct Representatives {
+    reps: Vec<(usize, u64)>,
+    unsorted: bool,
+}
+
+impl Representatives {
+    /// The group of `found[i]`: an existing one's, or `next` advanced for a new one.
+    fn group(&mut self, found: &[Found], i: usize, next: &mut u64) -> u64 {
+        let f = &found[i];
+        let cmp = |j: usize| kcmp::order(found[j].pid, found[j].fd, f.pid, f.fd);
+        let (mut lo, mut hi) = (0, self.reps.len());
+        while !self.unsorted && lo < hi {
+            let mid = (lo + hi) / 2;
+            match cmp(self.reps[mid].0) {
+                Some(Ordering::Equal) => return self.reps[mid].1,
+                Some(Ordering::Less) => lo = mid + 1,
+                Some(Ordering::Greater) => hi = mid,
+                None => self.unsorted = true,
+            }
+        }
+        if self.unsorted {
+            if let Some(&(_, group)) = self
+                .reps
+                .iter()
+                .find(|(j, _)| cmp(*j) == Some(Ordering::Equal))
+            {
+                return group;
+            }
+            lo = self.reps.len();
+        }
+        *next += 1;
+        self.reps.insert(lo, (i, *next));
+        *next
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::ffi::CString;
+    use std::{ffi::CString, os::fd::AsFd};
 
     use super::*;
 
@@ -374,5 +408,69 @@ mod tests {
         assert_eq!(redacted.cmdline.first(), full.cmdline.first());
         assert_eq!(full.ppid, nix::unistd::getppid().as_raw() as u32);
         assert!(!dead_or_invisible(me));
+    }
+
+    #[test]
+    fn descriptors_share_a_group_exactly_when_they_are_one_open_file() {
+        use std::os::fd::AsRawFd;
+        // Thirty opens of one device, each duplicated, scanned in a scrambled order: the
+        // search through the groups must find each duplicate's original however they sort.
+        let files: Vec<fs::File> = (0..30)
+            .map(|_| fs::File::open("/dev/null").expect("open /dev/null"))
+            .collect();
+        let dups: Vec<std::os::fd::OwnedFd> = files
+            .iter()
+            .map(|f| f.as_fd().try_clone_to_owned().expect("dup"))
+            .collect();
+        let me = std::process::id();
+        let mut order: Vec<(usize, i32)> = files
+            .iter()
+            .map(|f| f.as_raw_fd())
+            .chain(dups.iter().map(|d| d.as_raw_fd()))
+            .enumerate()
+            .map(|(i, fd)| (i % files.len(), fd))
+            .collect();
+        order.sort_by_key(|&(file, fd)| (fd as usize * 7919 + file) % 61);
+        let found: Vec<Found> = order
+            .iter()
+            .map(|&(_, fd)| Found {
+                pid: me,
+                fd,
+                dev: 7,
+                cloexec: false,
+                node: (0, 0),
+            })
+            .collect();
+        let groups = group_by_open_file(&found, 100);
+        for (a, ga) in order.iter().zip(&groups) {
+            for (b, gb) in order.iter().zip(&groups) {
+                assert_eq!(a.0 == b.0, ga == gb, "{a:?} {b:?}");
+            }
+        }
+        assert_eq!(groups.iter().min(), Some(&101));
+        assert_eq!(groups.iter().max(), Some(&130));
+        // A descriptor kcmp cannot compare (closed meanwhile) is a group of its own, and the
+        // rest are still grouped right after it.
+        let mut with_gone = found.clone();
+        with_gone.insert(
+            5,
+            Found {
+                fd: 9999,
+                ..found[0].clone()
+            },
+        );
+        let groups = group_by_open_file(&with_gone, 0);
+        let kept: Vec<u64> = groups
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, g)| *g)
+            .collect();
+        for (a, ga) in order.iter().zip(&kept) {
+            for (b, gb) in order.iter().zip(&kept) {
+                assert_eq!(a.0 == b.0, ga == gb, "{a:?} {b:?}");
+            }
+        }
+        assert!(!kept.contains(&groups[5]));
     }
 }
