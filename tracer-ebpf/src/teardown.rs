@@ -27,8 +27,8 @@ static ONCPU_TAKEN: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0)
 /// `ONCPU_THIN`. A sample's weight is the time since its thread's previous one, so thinning
 /// coarsens a long teardown's phases and flamegraph without losing time; a busy node's
 /// churn of dying processes otherwise fills the ring with them.
-const ONCPU_FULL: u32 = 256;
-const ONCPU_THIN: u32 = 8;
+const ONCPU_FULL: u32 = 64;
+const ONCPU_THIN: u32 = 16;
 
 /// Driver kthreads woken by a dying process → that process.
 #[map]

@@ -1,13 +1,22 @@
 //! Kernel addresses to names, from /proc/kallsyms (module functions carry `[module]`).
 
-use std::fs;
+use std::{collections::HashMap, fs};
 
 use crate::escape;
 
 pub struct Kallsyms {
-    /// (address, "name" or "name[module]"), sorted by address.
-    symbols: Vec<(u64, String)>,
+    /// Function start addresses, sorted, apart from their names: the search touches only
+    /// these.
+    addrs: Vec<u64>,
+    /// "name" or "name[module]", by the index of its address.
+    names: Vec<String>,
+    /// Frames already looked up: a teardown's stacks repeat the same return addresses.
+    found: HashMap<u64, usize>,
 }
+
+/// The most frames remembered; past it the memory starts over, so it stays bounded however
+/// many places on-CPU samples land.
+const FOUND_MAX: usize = 1 << 16;
 
 impl Kallsyms {
     /// Reads /proc/kallsyms; as root the addresses are real (otherwise all zero, and every
@@ -36,14 +45,27 @@ impl Kallsyms {
             })
             .collect();
         symbols.sort_unstable_by_key(|(a, _)| *a);
-        Self { symbols }
+        let (addrs, names) = symbols.into_iter().unzip();
+        Self {
+            addrs,
+            names,
+            found: HashMap::new(),
+        }
     }
 
     /// The function containing `addr`.
-    pub fn name(&self, addr: u64) -> String {
-        match self.symbols.partition_point(|(a, _)| *a <= addr) {
+    pub fn name(&mut self, addr: u64) -> String {
+        if self.found.len() >= FOUND_MAX {
+            self.found.clear();
+        }
+        let addrs = &self.addrs;
+        let i = *self
+            .found
+            .entry(addr)
+            .or_insert_with(|| addrs.partition_point(|a| *a <= addr));
+        match i {
             0 => format!("{addr:#x}"),
-            i => self.symbols[i - 1].1.clone(),
+            i => self.names[i - 1].clone(),
         }
     }
 }
@@ -54,12 +76,15 @@ mod tests {
 
     #[test]
     fn addresses_fall_in_the_preceding_function() {
-        let k = Kallsyms::load();
-        if k.symbols.is_empty() {
+        let mut k = Kallsyms::load();
+        if k.addrs.is_empty() {
             return; // not root: kallsyms hides addresses
         }
-        let (addr, name) = k.symbols[k.symbols.len() / 2].clone();
+        let i = k.addrs.len() / 2;
+        let (addr, name) = (k.addrs[i], k.names[i].clone());
         assert_eq!(k.name(addr), name);
-        assert_eq!(k.name(addr + 1), k.name(addr));
+        assert_eq!(k.name(addr + 1), name);
+        // Looked up again, from what was found.
+        assert_eq!(k.name(addr + 1), name);
     }
 }
