@@ -99,6 +99,8 @@ pub struct Metrics {
     /// The collector's CPU time by part, and how much of it the counters show already.
     cost: Cost,
     cost_shown: [u64; Part::ALL.len()],
+    /// Each part's series once it has one: brought up to date every tick, looked up once.
+    cpu_series: [Option<Counter<f64, AtomicU64>>; Part::ALL.len()],
     lingering: Lingering,
     gpus: HashMap<u32, GpuInfo>,
     host: Host,
@@ -207,6 +209,7 @@ impl Metrics {
             ),
             cost,
             cost_shown: [0; Part::ALL.len()],
+            cpu_series: Default::default(),
             lingering: Lingering::default(),
             gpus: gpus.iter().map(|g| (g.index, g.clone())).collect(),
             host: host.clone(),
@@ -253,9 +256,13 @@ impl Metrics {
         for (part, ns) in self.cost.totals() {
             let shown = &mut self.cost_shown[part as usize];
             if ns > *shown {
-                self.cpu
-                    .get_or_create(&PartLabel {
-                        part: part.name().into(),
+                let cpu = &self.cpu;
+                self.cpu_series[part as usize]
+                    .get_or_insert_with(|| {
+                        cpu.get_or_create(&PartLabel {
+                            part: part.name().into(),
+                        })
+                        .clone()
                     })
                     .inc_by((ns - *shown) as f64 / 1e9);
                 *shown = ns;
