@@ -39,6 +39,10 @@ pub struct Probes {
     pub(super) searching_since: Option<Instant>,
     /// Whether the ioctl tracepoint goes with the others when the driver comes.
     pub(super) ioctls: bool,
+    /// A process the last look found dying (see `refresh_dying_hint`): the hint is set.
+    pub(super) dying_seen: Option<u32>,
+    /// The hint was cleared since the sampler last read it.
+    pub(super) hint_cleared: bool,
 }
 
 impl Probes {
@@ -98,6 +102,8 @@ impl Probes {
             sampler: None,
             attached: Vec::new(),
             searching_since: None,
+            dying_seen: None,
+            hint_cleared: false,
             ioctls: false,
         }
     }

@@ -82,21 +82,39 @@ impl Probes {
     /// Clears the programs' "someone is dying" hint once nobody is, so the scheduler hooks
     /// cost one array read; sets it again if a process started dying meanwhile.
     pub fn refresh_dying_hint(&mut self) {
-        // Clear already: nothing to look at (walking the empty hash map costs a scan of all
-        // its buckets, every tick).
-        if self.flag("DYING_HINT") == Some(0) {
+        // Still dying (the hint is set then: only this clears it): the map is not empty, and
+        // a churn of jobs keeps it so. A walk starts at the first bucket, thousands of them
+        // before a lone entry.
+        if let Some(pid) = self.dying_seen {
+            let still = |p: &mut Self| -> Option<bool> {
+                let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
+                Some(dying.get(&pid, 0).is_ok())
+            };
+            if still(self) == Some(true) {
+                return;
+            }
+        } else if self.flag("DYING_HINT") == Some(0) {
+            // Clear already: nothing to look at.
             return;
         }
-        let empty = |p: &mut Self| -> Option<bool> {
+        // None: the map unreadable; Some(None): empty; else its first key, if it read.
+        let first = |p: &mut Self| -> Option<Option<Option<u32>>> {
             let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
-            Some(dying.keys().next().is_none())
+            Some(dying.keys().next().map(Result::ok))
         };
-        if empty(self) != Some(true) {
-            return;
+        match first(self) {
+            Some(None) => self.dying_seen = None,
+            Some(Some(pid)) => {
+                self.dying_seen = pid;
+                return;
+            }
+            None => return,
         }
         // A failed write leaves the hint set: the hooks then only look up DYING.
-        let _ = self.set_flag("DYING_HINT", 0);
-        if empty(self) == Some(false) {
+        if self.set_flag("DYING_HINT", 0).is_ok() {
+            self.hint_cleared = true;
+        }
+        if first(self) != Some(None) {
             let _ = self.set_flag("DYING_HINT", 1);
         }
     }
@@ -104,9 +122,14 @@ impl Probes {
     /// Samples on-CPU stacks on every CPU while a GPU holder may be dying (the programs' hint;
     /// an unreadable one says yes), or stops; see [`Sampler`](super::sampling::Sampler).
     pub fn sample_while_dying(&mut self) -> Result<()> {
-        if self.sampler.is_none() {
+        let Some(sampler) = &self.sampler else {
+            return Ok(());
+        };
+        // On, it stays on until a tick clears the hint: no need to read it meanwhile.
+        if sampler.is_on() && !self.hint_cleared {
             return Ok(());
         }
+        self.hint_cleared = false;
         let on = self.flag("DYING_HINT") != Some(0);
         match &mut self.sampler {
             Some(sampler) => sampler.set(&mut self.ebpf, on),
