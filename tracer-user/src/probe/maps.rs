@@ -86,23 +86,16 @@ impl Probes {
         // a churn of jobs keeps it so. A walk starts at the first bucket, thousands of them
         // before a lone entry.
         if let Some(pid) = self.dying_seen {
-            let still = |p: &mut Self| -> Option<bool> {
-                let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
-                Some(dying.get(&pid, 0).is_ok())
-            };
-            if still(self) == Some(true) {
+            if self.dying(|d| d.get(&pid, 0).is_ok()) == Some(true) {
                 return;
             }
         } else if self.flag("DYING_HINT") == Some(0) {
             // Clear already: nothing to look at.
             return;
         }
-        // None: the map unreadable; Some(None): empty; else its first key, if it read.
-        let first = |p: &mut Self| -> Option<Option<Option<u32>>> {
-            let dying: HashMap<_, u32, u64> = p.map_mut("DYING").ok()?;
-            Some(dying.keys().next().map(Result::ok))
-        };
-        match first(self) {
+        // The first key: None when the map is empty (Some(None): one that did not read).
+        let first = |d: &HashMap<&mut MapData, u32, u64>| d.keys().next().map(Result::ok);
+        match self.dying(first) {
             Some(None) => self.dying_seen = None,
             Some(Some(pid)) => {
                 self.dying_seen = pid;
@@ -114,9 +107,14 @@ impl Probes {
         if self.set_flag("DYING_HINT", 0).is_ok() {
             self.hint_cleared = true;
         }
-        if first(self) != Some(None) {
+        if self.dying(first) != Some(None) {
             let _ = self.set_flag("DYING_HINT", 1);
         }
+    }
+
+    /// `look` at the DYING map; None when it cannot be opened.
+    fn dying<T>(&mut self, look: impl Fn(&HashMap<&mut MapData, u32, u64>) -> T) -> Option<T> {
+        Some(look(&self.map_mut("DYING").ok()?))
     }
 
     /// Samples on-CPU stacks on every CPU while a GPU holder may be dying (the programs' hint;
