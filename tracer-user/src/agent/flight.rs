@@ -1,12 +1,14 @@
 //! The agent's flight recorder: the stream of the last `keep` in trace segments under
-//! `state-dir/flight/`, each opening with a checkpoint (the collector's start-up facts, the GPU
-//! holders /proc shows now, the latest NVML reading) so that it replays on its own. When an
-//! incident ends with any verdict but `released`, or lingers, the segments from the one before
-//! its first signal are joined into one trace file that `linger replay` opens.
+//! `state-dir/flight/`, opening with a checkpoint (the collector's start-up facts, the GPU
+//! holders /proc shows now, the latest NVML reading) from which they replay. When an incident
+//! ends with any verdict but `released`, or lingers, the segments from the last checkpoint
+//! before its first signal are joined into one trace file that `linger replay` opens.
 //!
 //! A busy node has such incidents every second or so: they wait for the segment being written
 //! to close (a few seconds), and the incidents of one window share one file (hard links, one
-//! per incident), joined by copying the segments' compressed chunks. Incident traces count
+//! per incident), joined by copying the segments' compressed chunks. A segment that opens
+//! within `CHECKPOINT_EVERY_NS` of the last checkpoint continues it without one: the /proc
+//! scan of a checkpoint was most of the recorder's CPU on such a node. Incident traces count
 //! towards the byte budget with the segments, the oldest going first, and each deletion is
 //! logged and counted.
 //!
@@ -45,6 +47,10 @@ const MIN_SEGMENT_NS: u64 = 10_000_000_000;
 /// An incident waiting for its trace closes the segment being written once it is this old:
 /// its file comes within seconds, and a busy node's segments close at most this often.
 const PENDING_CLOSE_NS: u64 = 5_000_000_000;
+/// A segment opens with a checkpoint when the last one is this old (or gone): a busy node's
+/// segments close every `PENDING_CLOSE_NS`, and an incident's trace then begins at most this
+/// much before its window.
+const CHECKPOINT_EVERY_NS: u64 = MIN_SEGMENT_NS;
 
 pub struct FlightOptions {
     /// How much of the past the segments keep.
@@ -85,7 +91,8 @@ struct Segment {
     writer: TraceWriter<OutputFile>,
     path: PathBuf,
     start_ns: u64,
-    /// Chunks holding the process list and the checkpoint, which open the segment.
+    /// Chunks holding the process list and the checkpoint, which open the segment (none for
+    /// one that continues the segment before).
     checkpoint_chunks: u64,
 }
 
@@ -97,6 +104,13 @@ struct Closed {
     checkpoint_chunks: u64,
     /// Chunks before the one that holds only the closing summary.
     body_chunks: u64,
+}
+
+impl Closed {
+    /// Whether a join can begin here: it opens with a checkpoint.
+    fn checkpointed(&self) -> bool {
+        self.checkpoint_chunks > 0
+    }
 }
 
 struct Pending {
@@ -235,7 +249,12 @@ impl FlightRecorder {
         self.close_current(now_ns);
         self.write_pending();
         self.forget_old(now_ns);
-        match self.start_segment(now_ns) {
+        let checkpoint = self
+            .closed
+            .iter()
+            .rfind(|c| c.checkpointed())
+            .is_none_or(|c| now_ns.saturating_sub(c.start_ns) >= CHECKPOINT_EVERY_NS);
+        match self.start_segment(now_ns, checkpoint) {
             Ok(s) => self.current = Some(s),
             Err(e) => self.failed(&format!("starting a segment: {e}")),
         }
@@ -305,18 +324,22 @@ impl FlightRecorder {
         });
     }
 
-    fn start_segment(&self, now_ns: u64) -> anyhow::Result<Segment> {
+    /// A segment from `now_ns`, opening with a checkpoint if `checkpoint`.
+    fn start_segment(&self, now_ns: u64, checkpoint: bool) -> anyhow::Result<Segment> {
         let path = self.dir.join(format!("segment-{now_ns}.trace"));
-        let mut checkpoint: Vec<Event> = self.once.clone();
-        checkpoint.extend(
-            (self.snapshot)()
-                .into_iter()
-                .map(|d| Event::collector(now_ns, d)),
-        );
-        checkpoint.extend(self.last_nvml.clone());
+        let mut events: Vec<Event> = Vec::new();
+        if checkpoint {
+            events.extend(self.once.iter().cloned());
+            events.extend(
+                (self.snapshot)()
+                    .into_iter()
+                    .map(|d| Event::collector(now_ns, d)),
+            );
+            events.extend(self.last_nvml.clone());
+        }
         let meta = TraceMeta {
             start_boot_ns: now_ns,
-            checkpoint_events: checkpoint.len() as u64,
+            checkpoint_events: events.len() as u64,
             ..self.meta.clone()
         };
         let options = WriterOptions {
@@ -324,12 +347,14 @@ impl FlightRecorder {
             ..Default::default()
         };
         let mut w = writer::create(&path, Existing::Replace, &meta, options)?;
-        w.processes(&procfs::processes(self.redact_cmdline));
-        for e in &checkpoint {
-            w.event(e);
+        if checkpoint {
+            w.processes(&procfs::processes(self.redact_cmdline));
+            for e in &events {
+                w.event(e);
+            }
+            // The checkpoint in chunks of its own: a join leaves them out of later segments.
+            w.flush_chunk();
         }
-        // The checkpoint in chunks of its own: a join leaves them out of later segments.
-        w.flush_chunk();
         Ok(Segment {
             checkpoint_chunks: w.stats().chunks,
             writer: w,
@@ -345,8 +370,7 @@ impl FlightRecorder {
             if now_ns.saturating_sub(old.end_ns) <= self.keep_ns {
                 break;
             }
-            let _ = fs::remove_file(&old.path);
-            self.closed.pop_front();
+            self.delete_oldest_segment();
         }
         let mut bytes: u64 = self.closed.iter().map(|c| c.bytes).sum::<u64>()
             + self.traces.iter().map(|t| t.bytes).sum::<u64>();
@@ -360,10 +384,7 @@ impl FlightRecorder {
                 (None, None) => break,
             };
             if segment_first {
-                if let Some(old) = self.closed.pop_front() {
-                    let _ = fs::remove_file(&old.path);
-                    bytes -= old.bytes;
-                }
+                bytes -= self.delete_oldest_segment();
             } else if let Some(old) = self.traces.pop_front() {
                 for n in &old.names {
                     let _ = fs::remove_file(n);
@@ -378,14 +399,29 @@ impl FlightRecorder {
         }
     }
 
-    /// Writes the closed segments from the last one that began at or before `from_ns` (or
-    /// the oldest kept) into one trace file, copying their stored chunks: that segment whole,
-    /// the later ones without their checkpoints. Returns the file's bytes.
+    /// Deletes the oldest closed segment, and the segments that continued it (no join can
+    /// begin with them); returns their bytes.
+    fn delete_oldest_segment(&mut self) -> u64 {
+        let mut bytes = 0;
+        while let Some(old) = self.closed.pop_front() {
+            let _ = fs::remove_file(&old.path);
+            bytes += old.bytes;
+            if self.closed.front().is_none_or(Closed::checkpointed) {
+                break;
+            }
+        }
+        bytes
+    }
+
+    /// Writes the closed segments from the last checkpoint at or before `from_ns` (or the
+    /// oldest kept) into one trace file, copying their stored chunks: that segment whole, the
+    /// later ones without their checkpoints. Returns the file's bytes.
     fn join(&self, from_ns: u64, out: &Path) -> anyhow::Result<u64> {
         let first = self
             .closed
             .iter()
-            .rposition(|c| c.start_ns <= from_ns)
+            .rposition(|c| c.checkpointed() && c.start_ns <= from_ns)
+            .or_else(|| self.closed.iter().position(Closed::checkpointed))
             .unwrap_or(0);
         let parts: Vec<&Closed> = self.closed.iter().skip(first).collect();
         let Some(head) = parts.first() else {
@@ -446,9 +482,11 @@ fn open_segment(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
 #[cfg(test)]
 mod tests {
     use std::{
+        cell::Cell,
         ops::ControlFlow,
         os::unix::fs::{MetadataExt, PermissionsExt},
         path::PathBuf,
+        rc::Rc,
         time::Duration,
     };
 
@@ -561,6 +599,59 @@ mod tests {
         // From the segment its signal fell in (the first, at 1 s) to the one it was reported
         // in, each event once: the later segments' checkpoints are left out.
         assert_eq!(ticks(&one), fed);
+    }
+
+    #[test]
+    fn segments_closed_for_waiting_incidents_take_a_checkpoint_every_ten_seconds() {
+        let dir = state_dir("continue");
+        let scans = Rc::new(Cell::new(0));
+        let counted = Rc::clone(&scans);
+        let options = FlightOptions {
+            keep: Duration::from_secs(600),
+            max_bytes: u64::MAX,
+            redact_cmdline: true,
+        };
+        let snapshot: Snapshot = Box::new(move || {
+            counted.set(counted.get() + 1);
+            Vec::new()
+        });
+        let (errors, dropped) = (Counter::default(), Counter::default());
+        let mut f = FlightRecorder::open(
+            &dir.0,
+            options,
+            TraceMeta::default(),
+            snapshot,
+            errors.clone(),
+            dropped,
+        )
+        .expect("flight recorder");
+        f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+        // An incident waits every second, so segments close every 5 s, over 40 s.
+        let mut fed = Vec::new();
+        let mut t = S;
+        let mut id = 0;
+        while t < 41 * S {
+            if t.is_multiple_of(S) {
+                id += 1;
+                f.incident(&held(id, 100 + id as u32, t));
+            }
+            f.event(&tick(t));
+            fed.push(t);
+            t += S / 10;
+        }
+        f.finish(t);
+        assert_eq!(errors.get(), 0);
+        // Checkpoints at 1, 11, 21, 31 s; the segments at 6, 16, 26, 36 s continue them.
+        assert_eq!(scans.get(), 4);
+        // The incidents of 17-21 s wait for the segment of 16 s, which continues the one of
+        // 11 s: their trace has the stream from that checkpoint to 21 s, each event once.
+        let at_18 = dir.0.join("flight/incident-18-118.trace");
+        let window: Vec<u64> = fed
+            .iter()
+            .copied()
+            .filter(|t| (11 * S..21 * S).contains(t))
+            .collect();
+        assert_eq!(ticks(&at_18), window);
     }
 
     #[test]
