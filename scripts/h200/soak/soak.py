@@ -11,6 +11,7 @@ listed each pid, as a cross-check. Meanwhile it scrapes the agent's /metrics and
 agent's CPU time and memory every second.
 
 usage: soak.py LINGER OUTDIR [--lean] [--beside-lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
+       [--nvml-poll-ms MS]
 writes OUTDIR/truth.jsonl (a line per job, then a summary), OUTDIR/metrics.jsonl (a line a
 second), OUTDIR/state/incidents.jsonl (the agent's log), OUTDIR/soak.trace, OUTDIR/agent.err.
 --beside-lean runs a second agent, in --lean, beside the first on the same churn: its files
@@ -65,10 +66,12 @@ class Reaper(threading.Thread):
 
 
 class Poll(threading.Thread):
-    """NVML every 2 ms: when each pid was first and last listed, and the device's used memory."""
+    """NVML every `period` s: when each pid was first and last listed, and the device's used
+    memory. Each reading asks the GPU's firmware, as linger's do: a fast poll makes theirs wait."""
 
-    def __init__(self):
+    def __init__(self, period):
         super().__init__(daemon=True)
+        self.period = period
         pynvml.nvmlInit()
         self.dev = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.listed = {}
@@ -86,7 +89,7 @@ class Poll(threading.Thread):
             try:
                 t, used, procs = self.reading()
             except pynvml.NVMLError:
-                time.sleep(0.002)
+                time.sleep(self.period)
                 continue
             for p in procs:
                 first, _ = self.listed.get(p.pid, (t, t))
@@ -94,7 +97,7 @@ class Poll(threading.Thread):
             if t - last_kept >= 100_000_000:
                 self.used.append((t, used))
                 last_kept = t
-            time.sleep(0.002)
+            time.sleep(self.period)
 
 
 class Scraper(threading.Thread):
@@ -253,12 +256,15 @@ def main():
     p.add_argument("--duration", type=float, default=480)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rate", type=float, default=6)
+    # Runs before 2026-12-05 polled every 2 ms: the node's busiest NVML client by far, its
+    # readings made linger's wait behind them.
+    p.add_argument("--nvml-poll-ms", type=float, default=20)
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     reaper = Reaper()
     reaper.start()
-    poll = Poll()
+    poll = Poll(a.nvml_poll_ms / 1000)
     idle = poll.reading()[1]
     poll.start()
     agents = [start_agent(a.linger, a.out, "127.0.0.1:9477", a.lean)]
@@ -267,8 +273,10 @@ def main():
     scrapers = [s for _, s in agents]
     truth, lock, stop = [], threading.Lock(), threading.Event()
     pace = Pace(a.rate)
-    # Every worker's largest job fits beside the others'.
-    max_gib = max(1, 128 // a.workers)
+    # Every worker's largest job fits beside the others' (128 GiB on an H200, less on smaller
+    # GPUs).
+    total_gib = pynvml.nvmlDeviceGetMemoryInfo(poll.dev).total / GIB
+    max_gib = max(1, int(min(128, total_gib - 12)) // a.workers)
     t0 = boot_ns()
     threads = [threading.Thread(target=worker, args=(n, reaper, pace, stop, truth, lock,
                                                      scrapers, max_gib), daemon=True)
