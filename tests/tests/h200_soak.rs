@@ -1,11 +1,11 @@
-//! The soak on the H200 (scripts/h200/soak): a busy node's steady churn of GPU jobs beside
-//! `linger agent --record`, replayed. The soak is every job's reaper and keeps its own truth: a
-//! job's memory is back when the last process holding it (itself, a forked child, a CUDA IPC
-//! importer) has been reaped. Every job that ended within the committed opening of the run must
-//! have an incident with the verdict, the holders and the memory's return (within 5 ms) that the
-//! truth gives: scripts/h200/soak/check.py's assertions, on the fixture CI carries. With
-//! `--lean` (4 jobs at a time, one kill a second), an IPC exporter's incident may say
-//! `incomplete` instead, as docs/modes.md says: without driver calls an import is told from
+//! The soak on the H200 and an H100 (scripts/h200/soak): a busy node's steady churn of GPU
+//! jobs beside `linger agent --record`, replayed. The soak is every job's reaper and keeps its
+//! own truth: a job's memory is back when the last process holding it (itself, a forked child,
+//! a CUDA IPC importer) has been reaped. Every job that ended within the committed opening of
+//! the run must have an incident with the verdict, the holders and the memory's return (within
+//! 5 ms) that the truth gives: scripts/h200/soak/check.py's assertions, on the fixture CI
+//! carries. With `--lean` (4 jobs at a time, one kill a second), an IPC exporter's incident may
+//! say `incomplete` instead, as docs/modes.md says: without driver calls an import is told from
 //! another job's allocation by NVML's figures alone.
 
 use std::{collections::HashMap, path::Path, process::Command};
@@ -22,8 +22,10 @@ const SLOW_NS: i64 = 1_000_000_000;
 /// records may lie past it.
 const MARGIN_NS: u64 = 5_000_000_000;
 /// The committed runs (their directories), the opening of each cut by
-/// `linger-trace-trim --until`, and whether the agent ran with `--lean`.
-const RUNS: &[(&str, bool)] = &[("default", false), ("lean", true)];
+/// `linger-trace-trim --until`, and whether the agent ran with `--lean`. `default-h100`: the
+/// default mode at 6 kills a second on an H100 (e8409fb), with the teardown sampler's 64 full
+/// samples.
+const RUNS: &[(&str, bool)] = &[("default", false), ("lean", true), ("default-h100", false)];
 
 fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")

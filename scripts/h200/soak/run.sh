@@ -4,7 +4,7 @@
 # agent's incident log and stderr) and the recording without the driver controls no rule reads,
 # in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
 # usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
-#        [SMOKE=0] [BESIDE_LEAN=1] [NVML_POLL_MS=20] bash scripts/h200/soak/run.sh
+#        [SMOKE=0] [BESIDE_LEAN=1] [NVML_POLL_MS=2] bash scripts/h200/soak/run.sh
 # SMOKE=0: no smoke run, for a call's full 10 min. BESIDE_LEAN=1 (with MODES=default): a --lean
 # agent runs beside the default one on the same churn (soak-lean.tgz, soak-lean.lgr.part-*).
 # TRACES: the modes whose recordings come back (default: all; a call brings back 64 MiB at most).
@@ -28,7 +28,7 @@ for mode in $MODES; do
   [ "$mode" = lean ] && flags="--lean"
   [ "${BESIDE_LEAN:-0}" = 1 ] && flags="$flags --beside-lean"
   PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$W" $flags --duration "${DURATION:-420}" \
-    --workers "${WORKERS:-16}" --rate "${RATE:-6}" --nvml-poll-ms "${NVML_POLL_MS:-20}"
+    --workers "${WORKERS:-16}" --rate "${RATE:-6}" --nvml-poll-ms "${NVML_POLL_MS:-2}"
   echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
     "flight recorder $(du -sh "$W/state/flight" 2>/dev/null | cut -f1)"
   # The answers first: trimming the recordings can outlast what is left of a call.

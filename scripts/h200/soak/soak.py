@@ -67,7 +67,7 @@ class Reaper(threading.Thread):
 
 class Poll(threading.Thread):
     """NVML every `period` s: when each pid was first and last listed, and the device's used
-    memory. Each reading asks the GPU's firmware, as linger's do: a fast poll makes theirs wait."""
+    memory."""
 
     def __init__(self, period):
         super().__init__(daemon=True)
@@ -256,9 +256,9 @@ def main():
     p.add_argument("--duration", type=float, default=480)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rate", type=float, default=6)
-    # Runs before 2026-12-05 polled every 2 ms: the node's busiest NVML client by far, its
-    # readings made linger's wait behind them.
-    p.add_argument("--nvml-poll-ms", type=float, default=20)
+    # Every 2 ms or 20 ms, linger's NVML calls cost the same CPU (H100, 2026-12-05:
+    # BENCHMARKS-H200.md).
+    p.add_argument("--nvml-poll-ms", type=float, default=2)
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
