@@ -273,8 +273,8 @@ def main():
     scrapers = [s for _, s in agents]
     truth, lock, stop = [], threading.Lock(), threading.Event()
     pace = Pace(a.rate)
-    # Every worker's largest job fits beside the others' (128 GiB on an H200, less on smaller
-    # GPUs).
+    # Every worker's largest job fits beside the others': 128 GiB on an H200, on a smaller GPU
+    # its memory less 12 GiB (CUDA contexts, and the H200's 140 GiB gave 128 too).
     total_gib = pynvml.nvmlDeviceGetMemoryInfo(poll.dev).total / GIB
     max_gib = max(1, int(min(128, total_gib - 12)) // a.workers)
     t0 = boot_ns()
