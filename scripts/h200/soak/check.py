@@ -11,6 +11,7 @@ import argparse, json, os, statistics, sys
 
 SLOW_NS = 1_000_000_000
 WITHIN_NS = 5_000_000
+GAUGE_LAG_NS = 1_000_000_000
 EXPECT = {"kill": "released", "exit": "released", "fork": "shared_fd", "ipc": "imported"}
 
 
@@ -125,8 +126,31 @@ def main():
                   f"{end.get('lingering', 0) / 1e9:12.2f}")
             prev = end
         print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")
+        gauge_against_incidents(metrics, incidents, jobs)
         cost_by_part(metrics, minute, "parts", "the agent's CPU ms per kill, by part of its work")
         cost_by_part(metrics, minute, "threads", "the agent's CPU ms per kill, by thread (/proc)")
+
+
+def gauge_against_incidents(metrics, incidents, jobs):
+    """The lingering gauge at each scrape against the shares of the incidents open then or in
+    the second before (a release is confirmed by an NVML reading, about one a second under the
+    agent's NVML budget), and at the first scrape after the soak's last release."""
+    windows = []
+    for inc in (i for each in incidents.values() for i in each):
+        gpu = inc.get("gpu") or {}
+        start = inc.get("t_group_dead_ns") or inc.get("t_signal_ns")
+        if start and gpu.get("share_bytes"):
+            windows.append((start, gpu.get("t_memory_back_ns") or float("inf"), gpu["share_bytes"]))
+    above = [m for m in metrics if m.get("lingering", 0) > 1e6 + sum(
+        b for start, back, b in windows if start <= m["t_ns"] and back > m["t_ns"] - GAUGE_LAG_NS)]
+    print(f"lingering gauge: at most {max(m.get('lingering', 0) for m in metrics) / 1e9:.2f} GB; above "
+          f"the shares of the incidents open within {GAUGE_LAG_NS / 1e9:.0f} s before at {len(above)} of "
+          f"{len(metrics)} scrapes")
+    last = max(t or 0 for r in jobs for t in r["reaped"].values())
+    after = [m for m in metrics if m["t_ns"] > last]
+    if after:
+        print(f"  at the first scrape after the last release ({(after[0]['t_ns'] - last) / 1e9:.2f} s "
+              f"after it): {after[0].get('lingering', 0) / 1e9:.2f} GB")
 
 
 def cost_by_part(metrics, minute, key, title):
