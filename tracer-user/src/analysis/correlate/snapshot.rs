@@ -530,22 +530,18 @@ impl Correlator {
                     }
                 }
             }
-            Some((b, Source::Confirmed)) if importers.is_empty() && self.ioctls_traced => {
-                out.push(format!(
-                    "memory back at +{:.1} ms: its last holder's release by the kernel's account, \
-                     with no NVML reading since listing pid {} and no import in its driver calls \
-                     (the device's used memory moves with other jobs too)",
-                    ms(b),
-                    inc.target.pid
-                ))
-            }
             Some((b, Source::Confirmed)) if importers.is_empty() => out.push(format!(
                 "memory back at +{:.1} ms: its last holder's release by the kernel's account, with \
-                 no NVML reading since listing pid {}; without driver calls an import shows only \
-                 as another process's NVML figure rising as it left the list (the device's used \
-                 memory moves with other jobs too)",
+                 no NVML reading since listing pid {}{} (the device's used memory moves with \
+                 other jobs too)",
                 ms(b),
-                inc.target.pid
+                inc.target.pid,
+                if self.ioctls_traced {
+                    " and no import in its driver calls"
+                } else {
+                    "; without driver calls an import shows only as another process's NVML \
+                     figure rising as it left the list"
+                }
             )),
             Some((b, Source::Confirmed)) => out.push(format!(
                 "memory back at +{:.1} ms: the last release by the kernel's account, its own or \
