@@ -1,22 +1,39 @@
-"""linger's answers in a soak against the soak's own truth (soak.py): for every job killed or
-exited, its incident's verdict, holders and release time, and per minute the agent's CPU per
-kill, its memory, the records lost and the lingering gauge.
+"""linger's answers in a soak against the soak's own truth (soak.py): for every process of every
+job that ended (the job, its forked children and grandchildren, its IPC importer), its incident's
+verdict, holders and release time; every incident settled; the lingering gauge back to 0 within
+2 s of the last release; and per minute the agent's CPU per kill, its memory and the records
+lost. Exits 1 when any answer is wrong, an incident a death needs is missing, an incident is
+left open, or the gauge stays up; 0 otherwise.
 
-usage: check.py DIR [--agent lean]   (DIR holds truth.jsonl, metrics.jsonl and
-        state/incidents.jsonl, or an `incidents` file given with --incidents, e.g. a replay's
-        output; --agent lean: the agent run beside the first (soak.py --beside-lean), whose
-        metrics and log are under DIR/lean/)
+usage: check.py DIR [--agent lean] [--incidents FILE] [--until NS] [--lean]
+    DIR holds truth.jsonl (or truth.jsonl.zst's contents), metrics.jsonl (optional) and
+    state/incidents.jsonl, or an incident log given with --incidents (e.g. a replay's output);
+    --agent lean: the agent run beside the first (soak.py --beside-lean), whose metrics and log
+    are under DIR/lean/; --until: judge only the jobs that ended 5 s before this CLOCK_BOOTTIME
+    (a recording's cut); --lean: the answers of a --lean agent (given with --incidents).
+
+Who held a job's memory when each of its processes died comes from when each one's life ended:
+the child's own EXIT line (its last act before _exit), the harness's SIGKILL, or its reap. Ends
+within AMBIGUOUS_NS of each other cannot be ordered from outside, and either answer is right.
+A job's memory is back when the last process holding it at its death was reaped (the driver
+frees it in that process's exit, before its zombie transition): a release within WITHIN_NS of
+that reap is right, and so is one within WITHIN_NS of NVML's own interval for it (soak.py's
+poll, stamped at each reading's start and end), since the rest of an exit can outlast the
+memory's return, or, for a job that exited normally, one between its EXIT line and its reap.
 """
 import argparse, json, os, statistics, sys
 
 SLOW_NS = 1_000_000_000
 WITHIN_NS = 5_000_000
+AMBIGUOUS_NS = 5_000_000
+MARGIN_NS = 5_000_000_000
 GAUGE_LAG_NS = 1_000_000_000
-EXPECT = {"kill": "released", "exit": "released", "fork": "shared_fd", "ipc": "imported"}
+GAUGE_ZERO_BY_NS = 2_000_000_000
 
 
 def last_records(path):
-    """The last record of each incident, by target pid: a list, since pids are reused."""
+    """The last record of each incident, by target pid (a list: pids are reused), and the ids of
+    incidents without a verdict in any record."""
     last = {}
     for line in open(path):
         r = json.loads(line)
@@ -28,14 +45,160 @@ def last_records(path):
     return by_pid
 
 
-def incident_of(job, incidents):
-    """The incident of this job's death: of its pid, the one whose death lies in its life."""
-    end = max(t or 0 for t in job["reaped"].values())
-    for inc in incidents.get(job["pid"], []):
+def incident_of(pid, start, end, incidents):
+    """The incident of `pid` whose death (or signal) lies in [start, end]."""
+    for inc in incidents.get(pid, []):
         dead = inc.get("t_group_dead_ns") or inc.get("t_signal_ns") or 0
-        if job["t_start_ns"] <= dead <= end:
+        if start <= dead <= end:
             return inc
     return None
+
+
+class Job:
+    """One job of the truth: its processes and when each one's life ended."""
+
+    def __init__(self, row):
+        self.row = row
+        self.pid = row["pid"]
+        self.kind = row["kind"]
+        self.holders = {h["pid"]: h for h in row.get("holders", [])}
+        reaped = {int(p): t for p, t in row["reaped"].items()}
+        said = {int(p): t for p, t in row.get("t_end_ns", {}).items()}
+        self.end = {}
+        for pid in [self.pid] + list(self.holders):
+            if pid == self.pid and "t_kill_ns" in row:
+                self.end[pid] = row["t_kill_ns"]
+            else:
+                self.end[pid] = said.get(pid) or reaped.get(pid) or 0
+        self.reaped = reaped
+        self.last_end = max(t or 0 for t in reaped.values())
+
+    def alive_at(self, pid, t):
+        """The other processes of the job that surely held its files at `t` (required), and
+        those whose end lies too close to tell (either way is right)."""
+        sure, either = set(), set()
+        for other, end in self.end.items():
+            if other == pid:
+                continue
+            if end > t + AMBIGUOUS_NS:
+                sure.add(other)
+            elif end >= t - AMBIGUOUS_NS:
+                either.add(other)
+        return sure, either
+
+    def t_back(self):
+        """When the job's memory was back, by the harness: the reap of the last process that
+        held it at the job's death (children that left before are reaped only once the job
+        is gone, after its memory)."""
+        sure, either = self.alive_at(self.pid, self.end[self.pid])
+        return max(self.reaped.get(p) or 0 for p in {self.pid} | sure | either)
+
+
+    def nvml_interval(self):
+        """When NVML's own poll says the job's memory came back: between the start of the
+        last reading that still listed the last of its holders and the end of the first that
+        did not (the last to leave the list among the job and the processes that held its
+        files at its death). None where the soak's truth has no such reading."""
+        sure, either = self.alive_at(self.pid, self.end[self.pid])
+        spans = [(a, b) for p in {self.pid} | sure | either
+                 for a, b in self.row.get("nvml_left", {}).get(str(p), [])
+                 if b >= self.end[self.pid] and a <= self.last_end]
+        return max(spans, key=lambda s: s[1], default=None)
+
+
+def holders_of(inc):
+    return {h["pid"] for h in inc.get("holders", [])}
+
+
+def names_risers(inc):
+    """An `incomplete` verdict naming the processes whose NVML figures rose as the victim left
+    NVML's list: the one ambiguity --lean documents."""
+    return any("NVML's figures rose for" in e and "without driver calls" in e
+               for e in (inc.get("verdict") or {}).get("evidence", []))
+
+
+def judge_job(job, incidents, lean):
+    """What is wrong with the answer for the job's own death: a list of complaints."""
+    inc = incident_of(job.pid, job.row["t_start_ns"], job.last_end, incidents)
+    if inc is None:
+        return ["no incident"], None
+    sure, either = job.alive_at(job.pid, job.end[job.pid])
+    t_back = job.t_back()
+    dead = inc.get("t_group_dead_ns") or job.row.get("t_kill_ns") or t_back
+    got = holders_of(inc)
+    how = {job.holders[p]["how"] for p in got & sure if p in job.holders}
+    if "import" in how:
+        allowed = {"imported"}
+    elif how:
+        allowed = {"shared_fd"}
+    elif t_back - dead > SLOW_NS + WITHIN_NS:
+        allowed = {"slow_teardown"}
+    elif t_back - dead > SLOW_NS - WITHIN_NS:
+        allowed = {"released", "slow_teardown"}
+    else:
+        allowed = {"released"}
+    if got & either and not how:
+        # A process killed with it, alive or already dying at its death: held until then.
+        allowed.add("shared_fd")
+    verdict = (inc.get("verdict") or {}).get("kind")
+    if lean and verdict == "incomplete" and names_risers(inc):
+        return [], inc
+    wrong = []
+    if verdict not in allowed:
+        wrong.append(f"verdict {verdict} (want {sorted(allowed)})")
+    if not sure <= got <= sure | either:
+        wrong.append(f"holders {sorted(got)} (want {sorted(sure)} and maybe {sorted(either)})")
+    back = (inc.get("gpu") or {}).get("t_memory_back_ns")
+    gpu_says = job.nvml_interval()
+    inside = back is not None and gpu_says is not None and \
+        gpu_says[0] - WITHIN_NS <= back <= gpu_says[1] + WITHIN_NS
+    # A job that exited normally said when (its last act): its memory came back between then
+    # and its reap.
+    exited = job.row.get("t_end_ns", {}).get(str(job.pid))
+    inside |= back is not None and exited is not None and exited <= back <= t_back
+    if back is None or (abs(back - t_back) > WITHIN_NS and not inside):
+        wrong.append("no release" if back is None else
+                     f"release {(back - t_back) / 1e6:+.1f} ms off the reap, "
+                     f"outside NVML's {interval_text(gpu_says, t_back)}")
+    return wrong, inc
+
+
+def interval_text(interval, t_back):
+    if interval is None:
+        return "(none)"
+    return f"[{(interval[0] - t_back) / 1e6:+.1f}, {(interval[1] - t_back) / 1e6:+.1f}] ms"
+
+
+def judge_member(job, pid, incidents, job_inc):
+    """What is wrong with the answer for the death of one of the job's other processes. A
+    child that died while the job lived gave back nothing of its own: if killed, its incident
+    names who still held the files and is back when the job's memory is; a child that exited
+    normally then needs no incident (its memory was not its own), but one it has is judged the
+    same. Children that died after the job or with it need none; one they have must name only
+    processes that held the files then."""
+    t = job.end[pid]
+    inc = incident_of(pid, job.row["t_start_ns"], job.last_end, incidents)
+    killed_before = (str(pid) in job.row.get("t_end_ns", {})
+                     and job.holders[pid].get("plan") == "w"
+                     and t < job.end[job.pid] - AMBIGUOUS_NS)
+    if inc is None:
+        return (["no incident"] if killed_before else []), None
+    sure, either = job.alive_at(pid, t)
+    got = holders_of(inc)
+    wrong = []
+    if not sure <= got <= sure | either:
+        wrong.append(f"holders {sorted(got)} (want {sorted(sure)} and maybe {sorted(either)})")
+    if t < job.end[job.pid] - AMBIGUOUS_NS:
+        verdict = (inc.get("verdict") or {}).get("kind")
+        if verdict != "shared_fd":
+            wrong.append(f"verdict {verdict} (want shared_fd: its parent held the memory)")
+        back = (inc.get("gpu") or {}).get("t_memory_back_ns")
+        job_back = ((job_inc or {}).get("gpu") or {}).get("t_memory_back_ns")
+        if back is None or back != job_back:
+            wrong.append(f"back {back} (want the job's, {job_back})")
+        if (inc.get("gpu") or {}).get("share_bytes"):
+            wrong.append("a share of its own")
+    return wrong, inc
 
 
 def main():
@@ -43,98 +206,106 @@ def main():
     p.add_argument("dir")
     p.add_argument("--incidents")
     p.add_argument("--agent", help="the subdirectory of an agent run beside the first")
+    p.add_argument("--until", type=int, help="judge jobs ended 5 s before this (a cut)")
+    p.add_argument("--lean", action="store_true")
     p.add_argument("--show", type=int, default=5, help="wrong answers shown per kind")
     a = p.parse_args()
     rows = [json.loads(l) for l in open(os.path.join(a.dir, "truth.jsonl"))]
     summary = rows.pop()
+    lean = a.lean or a.agent == "lean" or summary.get("lean")
     agent_dir = os.path.join(a.dir, a.agent or "")
-    if a.agent == "lean":
-        summary["lean"] = True
-    incidents = last_records(a.incidents or os.path.join(agent_dir, "state/incidents.jsonl"))
-    # A harness of an earlier version kept one reap per pid for the whole run: a reused pid's
-    # truth is ambiguous there, and such jobs are set aside.
-    seen = {}
-    for r in rows:
-        for pid in [r["pid"]] + [h["pid"] for h in r.get("holders", [])]:
-            seen[pid] = seen.get(pid, 0) + 1
-    ambiguous = [] if summary.get("harness", 1) >= 2 else [
-        r for r in rows if "t_start_ns" in r
-        and any(seen[p] > 1 for p in [r["pid"]] + [h["pid"] for h in r.get("holders", [])])]
-    jobs = [r for r in rows if "failed" not in r and r not in ambiguous]
-    missing, wrong, errors = [], {}, []
-    for r in jobs:
-        inc = incident_of(r, incidents)
-        if inc is None:
-            missing.append(r)
-            continue
-        holders = [h["pid"] for h in r["holders"]]
-        t_back = max(r["reaped"][str(p)] or 0 for p in [r["pid"]] + holders)
-        dead = inc.get("t_group_dead_ns") or r.get("t_kill_ns") or t_back
-        want = EXPECT[r["kind"]]
-        allowed = {want}
-        if want == "released" and t_back - dead > SLOW_NS - WITHIN_NS:
-            allowed = {"released", "slow_teardown"} if t_back - dead < SLOW_NS + WITHIN_NS else {"slow_teardown"}
-        verdict = (inc.get("verdict") or {}).get("kind")
-        got_holders = sorted(h["pid"] for h in inc.get("holders", []))
-        back = (inc.get("gpu") or {}).get("t_memory_back_ns")
-        err = None if back is None else back - t_back
-        ok = verdict in allowed and got_holders == sorted(holders) and err is not None and abs(err) <= WITHIN_NS
-        if err is not None:
-            errors.append(err)
-        if not ok:
-            wrong.setdefault((r["kind"], verdict), []).append((r, inc, err))
-    kills = sum(1 for r in jobs if "t_kill_ns" in r)
+    log = a.incidents or os.path.join(agent_dir, "state/incidents.jsonl")
+    incidents = last_records(log)
+    jobs = [Job(r) for r in rows if "failed" not in r and "t_start_ns" in r]
+    if a.until:
+        jobs = [j for j in jobs if j.last_end + MARGIN_NS < a.until]
     failed = sum(1 for r in rows if "failed" in r)
-    print(f"jobs {len(jobs)} ({kills} killed, {failed} failed to start), "
-          f"{summary['workers']} workers, rate {summary['rate']}/s, lean {summary['lean']}")
-    if ambiguous:
-        print(f"set aside: {len(ambiguous)} jobs whose pids the run reused (one reap kept per pid)")
-    print(f"without an incident: {len(missing)}")
-    right = len(jobs) - len(missing) - sum(len(v) for v in wrong.values())
-    print(f"right (verdict, holders, release within {WITHIN_NS / 1e6:.0f} ms): {right} of {len(jobs)}")
-    # `incomplete` says the sources could not be reconciled: not right, but not a wrong answer.
-    honest = sum(len(v) for (_, verdict), v in wrong.items() if verdict == "incomplete")
-    print(f"said incomplete (sources not reconciled): {honest}; wrong: {len(jobs) - len(missing) - right - honest}")
-    for (kind, verdict), cases in sorted(wrong.items(), key=lambda kv: -len(kv[1])):
-        print(f"  {kind} said {verdict}: {len(cases)}")
-        for r, inc, err in cases[:a.show]:
-            e = "no release" if err is None else f"{err / 1e6:+.1f} ms"
-            ev = (inc.get("verdict") or {}).get("evidence", [""])[:1]
-            print(f"    pid {r['pid']} {r['gib']} GiB: {e}; {ev}")
+    wrong, judged, errors, deaths = {}, set(), [], 0
+    for job in jobs:
+        complaints, job_inc = judge_job(job, incidents, lean)
+        deaths += 1
+        if job_inc:
+            judged.add(job_inc["id"])
+            back = (job_inc.get("gpu") or {}).get("t_memory_back_ns")
+            if back is not None:
+                errors.append(back - job.t_back())
+        if complaints:
+            wrong.setdefault((job.kind, "job"), []).append((job.pid, complaints))
+        for pid, h in job.holders.items():
+            complaints, inc = judge_member(job, pid, incidents, job_inc)
+            deaths += 1
+            if inc:
+                judged.add(inc["id"])
+            if complaints:
+                wrong.setdefault((job.kind, h.get("plan", h["how"])[:1]), []).append((pid, complaints))
+    kills = sum(1 for j in jobs if "t_kill_ns" in j.row)
+    print(f"jobs {len(jobs)} ({kills} killed, {failed} failed to start), {deaths} deaths judged, "
+          f"{summary['workers']} workers, rate {summary['rate']}/s, lean {bool(lean)}")
+    bad = sum(len(v) for v in wrong.values())
+    print(f"right (verdict, holders, release within {WITHIN_NS / 1e6:.0f} ms): {deaths - bad} of {deaths}")
+    for (kind, who), cases in sorted(wrong.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {kind} {who}: {len(cases)} wrong")
+        for pid, complaints in cases[:a.show]:
+            print(f"    pid {pid}: {'; '.join(complaints)}")
+    every = [i for each in incidents.values() for i in each]
+    if a.until:
+        every = [i for i in every if (i.get("t_group_dead_ns") or i.get("t_signal_ns") or 0)
+                 + MARGIN_NS < a.until]
+    unsettled = [i for i in every if i.get("t_group_dead_ns") and not i.get("settled")]
+    verdictless = [i for i in every if i.get("t_group_dead_ns") and not i.get("verdict")]
+    print(f"incidents: {len(every)}, left open: {len(unsettled)}, without a verdict: {len(verdictless)}")
+    for i in (unsettled + verdictless)[:a.show]:
+        print(f"    pid {i['target']['pid']} ({i['termination']['mode']}): "
+              f"{(i.get('verdict') or {}).get('kind')}, settled {i.get('settled')}")
     if errors:
         abs_ms = sorted(abs(e) / 1e6 for e in errors)
         print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
               f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
-    metrics = [json.loads(l) for l in open(os.path.join(agent_dir, "metrics.jsonl"))]
+    gauge_ok = True
+    metrics_path = os.path.join(agent_dir, "metrics.jsonl")
+    if not a.incidents and os.path.exists(metrics_path):
+        gauge_ok = metrics_report(metrics_path, incidents, jobs)
+    ok = bad == 0 and not unsettled and not verdictless and gauge_ok
+    print("check: " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def metrics_report(path, incidents, jobs):
+    """Per minute: kills, the agent's CPU per kill, its memory, records lost, the gauge; and
+    whether the gauge was 0 by GAUGE_ZERO_BY_NS after the last release."""
+    metrics = [json.loads(l) for l in open(path)]
     metrics = [m for m in metrics if "cpu_s" in m]
-    if metrics:
-        print("minute  kills  agent CPU s  CPU per kill ms  without --record  RSS MB  lost records  lingering GB")
-        t0 = metrics[0]["t_ns"]
-        minute = {}
-        for m in metrics:
-            minute.setdefault(int((m["t_ns"] - t0) / 60e9), []).append(m)
-        prev = metrics[0]
-        for n, ms in sorted(minute.items()):
-            end = ms[-1]
-            k = end["kills"] - prev["kills"]
-            cpu = end["cpu_s"] - prev["cpu_s"]
-            per = f"{cpu / k * 1e3:.1f}" if k else "-"
-            rec = end.get("parts", {}).get("record", 0) - prev.get("parts", {}).get("record", 0)
-            bare = f"{(cpu - rec) / k * 1e3:.1f}" if k else "-"
-            lost = sum(end.get("lost", {}).values())
-            print(f"{n:6d} {k:6d} {cpu:12.1f} {per:>16} {bare:>17} {end['rss'] / 1e6:7.0f}  {lost:12.0f}  "
-                  f"{end.get('lingering', 0) / 1e9:12.2f}")
-            prev = end
-        print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")
-        gauge_against_incidents(metrics, incidents, jobs)
-        cost_by_part(metrics, minute, "parts", "the agent's CPU ms per kill, by part of its work")
-        cost_by_part(metrics, minute, "threads", "the agent's CPU ms per kill, by thread (/proc)")
+    if not metrics:
+        return True
+    print("minute  kills  agent CPU s  CPU per kill ms  without --record  RSS MB  lost records  lingering GB")
+    t0 = metrics[0]["t_ns"]
+    minute = {}
+    for m in metrics:
+        minute.setdefault(int((m["t_ns"] - t0) / 60e9), []).append(m)
+    prev = metrics[0]
+    for n, ms in sorted(minute.items()):
+        end = ms[-1]
+        k = end["kills"] - prev["kills"]
+        cpu = end["cpu_s"] - prev["cpu_s"]
+        per = f"{cpu / k * 1e3:.1f}" if k else "-"
+        rec = end.get("parts", {}).get("record", 0) - prev.get("parts", {}).get("record", 0)
+        bare = f"{(cpu - rec) / k * 1e3:.1f}" if k else "-"
+        lost = sum(end.get("lost", {}).values())
+        print(f"{n:6d} {k:6d} {cpu:12.1f} {per:>16} {bare:>17} {end['rss'] / 1e6:7.0f}  {lost:12.0f}  "
+              f"{end.get('lingering', 0) / 1e9:12.2f}")
+        prev = end
+    print(f"at the end: lost {metrics[-1].get('lost')}, lingering {metrics[-1].get('lingering', 0) / 1e9:.2f} GB")
+    ok = gauge_against_incidents(metrics, incidents, jobs)
+    cost_by_part(metrics, minute, "parts", "the agent's CPU ms per kill, by part of its work")
+    cost_by_part(metrics, minute, "threads", "the agent's CPU ms per kill, by thread (/proc)")
+    return ok
 
 
 def gauge_against_incidents(metrics, incidents, jobs):
     """The lingering gauge at each scrape against the shares of the incidents open then or in
     the second before (a release is confirmed by an NVML reading, about one a second under the
-    agent's NVML budget), and at the first scrape after the soak's last release."""
+    agent's NVML budget); it must be 0 at the first scrape GAUGE_ZERO_BY_NS after the soak's
+    last release, and never above those shares."""
     windows = []
     for inc in (i for each in incidents.values() for i in each):
         gpu = inc.get("gpu") or {}
@@ -146,11 +317,16 @@ def gauge_against_incidents(metrics, incidents, jobs):
     print(f"lingering gauge: at most {max(m.get('lingering', 0) for m in metrics) / 1e9:.2f} GB; above "
           f"the shares of the incidents open within {GAUGE_LAG_NS / 1e9:.0f} s before at {len(above)} of "
           f"{len(metrics)} scrapes")
-    last = max(t or 0 for r in jobs for t in r["reaped"].values())
-    after = [m for m in metrics if m["t_ns"] > last]
-    if after:
-        print(f"  at the first scrape after the last release ({(after[0]['t_ns'] - last) / 1e9:.2f} s "
-              f"after it): {after[0].get('lingering', 0) / 1e9:.2f} GB")
+    last = max((t or 0 for j in jobs for t in j.reaped.values()), default=0)
+    after = [m for m in metrics if m["t_ns"] > last + GAUGE_ZERO_BY_NS]
+    if not after:
+        print("  no scrape 2 s after the last release")
+        return not above
+    zero = after[0].get("lingering", 0) == 0
+    print(f"  at the first scrape {GAUGE_ZERO_BY_NS / 1e9:.0f} s after the last release "
+          f"({(after[0]['t_ns'] - last) / 1e9:.2f} s after it): {after[0].get('lingering', 0) / 1e9:.2f} GB"
+          + ("" if zero else " (must be 0)"))
+    return zero and not above
 
 
 def cost_by_part(metrics, minute, key, title):

@@ -9,7 +9,15 @@ to be killed or does what its options say.
 --export-hold S  share the allocation with a spawned importer (legacy CUDA IPC,
                  cuIpcOpenMemHandle) that keeps it for S seconds after the exporter's death
                  (it polls for it), then exits
+--cupy           allocate through CuPy (its memory pool) instead of the driver API
 --exit-after S   exit normally (status 0) S seconds after READY
+--children PLANS fork children after the allocation, one per comma-separated plan, none touching
+                 CUDA: `eS` exits normally S seconds after READY (while the job lives, if it is
+                 killed later), `pS` keeps the files until the job is dead, then S seconds more,
+                 `w` waits for the harness's SIGKILL; `X/Y` is a child of plan X that first forks
+                 a grandchild of plan Y. Each child says when it exits on the inherited stdout
+                 (`EXIT {"pid": P, "t_ns": CLOCK_BOOTTIME}`), so the harness knows who held the
+                 files at each death.
 --import HANDLE  (the importer itself) open HANDLE, print IMPORTED, hold it as above
 """
 import argparse, ctypes, json, os, subprocess, sys, time, warnings
@@ -60,6 +68,51 @@ def hold_past(pid, seconds):
     time.sleep(seconds)
 
 
+def boot_ns():
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def run_plan(plan, job, told):
+    """A forked child's life (module docstring, --children), then its exit, said first. It
+    tells its parent, through `told`, the pid of the grandchild it forks (or 0)."""
+    grandchild = 0
+    if "/" in plan:
+        plan, grand = plan.split("/", 1)
+        grandchild = spawn(grand, job, os.getpid())
+    os.write(told, str(grandchild).encode() + b"\n")
+    os.close(told)
+    if plan.startswith("e"):
+        time.sleep(float(plan[1:]))
+    elif plan.startswith("p"):
+        hold_past(job, float(plan[1:]))
+    else:
+        while True:
+            time.sleep(1)
+    print("EXIT", json.dumps({"pid": os.getpid(), "t_ns": boot_ns()}), flush=True)
+    os._exit(0)
+
+
+def spawn(plan, job, parent):
+    """Forks a child of `plan` and notes it and its grandchild in SPAWNED; returns its pid."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        run_plan(plan, job, w)
+    os.close(w)
+    with os.fdopen(r) as told:
+        grandchild = int(told.readline() or 0)
+    SPAWNED.append({"pid": child, "how": "fork", "plan": plan.split("/")[0], "parent": parent})
+    if grandchild:
+        SPAWNED[-1:-1] = [{"pid": grandchild, "how": "fork", "plan": plan.split("/", 1)[1],
+                           "parent": child}]
+    return child
+
+
+# The descendants forked so far (of this process): pid, plan, parent.
+SPAWNED = []
+
+
 def importer(handle_hex, exporter, seconds):
     context()
     handle = IpcHandle()
@@ -77,17 +130,26 @@ def main():
     p.add_argument("--fork-hold", type=float)
     p.add_argument("--export-hold", type=float)
     p.add_argument("--exit-after", type=float)
+    p.add_argument("--children", default="")
+    p.add_argument("--cupy", action="store_true", help="allocate through CuPy (its pool)")
     p.add_argument("--import", dest="handle")
     p.add_argument("--exporter", type=int)
     a = p.parse_args()
     if a.handle:
         importer(a.handle, a.exporter, a.export_hold)
-    context()
     size = int(a.gib * (1 << 30))
     ptr = ctypes.c_uint64()
-    check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), size), "cuMemAlloc")
-    check(cuda.cuMemsetD8_v2(ptr, 1, size), "cuMemsetD8")
-    check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+    if a.cupy:
+        import cupy
+        kept = cupy.empty(size, dtype=cupy.uint8)
+        kept.fill(1)
+        cupy.cuda.runtime.deviceSynchronize()
+        ptr.value = kept.data.ptr
+    else:
+        context()
+        check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), size), "cuMemAlloc")
+        check(cuda.cuMemsetD8_v2(ptr, 1, size), "cuMemsetD8")
+        check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
     info = {"pid": os.getpid(), "bytes": size, "holders": []}
     if a.export_hold is not None:
         handle = IpcHandle()
@@ -108,10 +170,15 @@ def main():
         if child == 0:
             hold_past(os.getppid(), a.fork_hold)
             os._exit(0)
-        info["holders"].append({"pid": child, "how": "fork"})
+        info["holders"].append({"pid": child, "how": "fork", "plan": f"p{a.fork_hold}",
+                                "parent": os.getpid()})
+    for plan in filter(None, a.children.split(",")):
+        spawn(plan, os.getpid(), os.getpid())
+    info["holders"] += SPAWNED
     print("READY", json.dumps(info), flush=True)
     if a.exit_after is not None:
         time.sleep(a.exit_after)
+        print("EXIT", json.dumps({"pid": os.getpid(), "t_ns": boot_ns()}), flush=True)
         os._exit(0)
     while True:
         time.sleep(1)

@@ -66,8 +66,10 @@ class Reaper(threading.Thread):
 
 
 class Poll(threading.Thread):
-    """NVML every `period` s: when each pid was first and last listed, and the device's used
-    memory."""
+    """NVML every `period` s: when each pid was first and last listed, when it left the list
+    (the start of the last reading that listed it and the end of the first that did not: NVML's
+    calls queue behind the driver during teardowns, so a reading describes some moment between
+    its start and its end), and the device's used memory."""
 
     def __init__(self, period):
         super().__init__(daemon=True)
@@ -75,28 +77,36 @@ class Poll(threading.Thread):
         pynvml.nvmlInit()
         self.dev = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.listed = {}
+        self.left = {}
         self.used = []
         self.stop = False
 
     def reading(self):
+        start = boot_ns()
         used = pynvml.nvmlDeviceGetMemoryInfo(self.dev).used
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.dev)
-        return boot_ns(), used, procs
+        return start, boot_ns(), used, procs
 
     def run(self):
-        last_kept = 0
+        last_kept, before = 0, {}
         while not self.stop:
             try:
-                t, used, procs = self.reading()
+                start, end, used, procs = self.reading()
             except pynvml.NVMLError:
                 time.sleep(self.period)
                 continue
+            now = {}
             for p in procs:
-                first, _ = self.listed.get(p.pid, (t, t))
-                self.listed[p.pid] = (first, t)
-            if t - last_kept >= 100_000_000:
-                self.used.append((t, used))
-                last_kept = t
+                first, _ = self.listed.get(p.pid, (start, start))
+                self.listed[p.pid] = (first, start)
+                now[p.pid] = start
+            for pid, listed_at in before.items():
+                if pid not in now:
+                    self.left.setdefault(pid, []).append((listed_at, end))
+            before = now
+            if start - last_kept >= 100_000_000:
+                self.used.append((start, used))
+                last_kept = start
             time.sleep(self.period)
 
 
@@ -173,13 +183,47 @@ class Pace:
 
 def job_kind(rng):
     r = rng.random()
-    if r < 0.10:
-        return "fork"
-    if r < 0.18:
-        return "ipc"
-    if r < 0.30:
-        return "exit"
+    for kind, p in KINDS:
+        if r < p:
+            return kind
+        r -= p
     return "kill"
+
+
+# Each kind's share of the jobs; the rest are plain kills. Forked children (none touching CUDA)
+# end before the job's kill (normally or by the harness's SIGKILL), with it, or after it;
+# "grand": a child that leaves before the kill, having forked a grandchild that outlives the
+# job; "pool": two workers that leave before the kill and one that outlives it.
+KINDS = [("fork", 0.06), ("before", 0.05), ("killed-before", 0.05), ("with", 0.04),
+         ("grand", 0.04), ("pool", 0.04), ("ipc", 0.08), ("exit", 0.10)]
+
+
+def children_of(kind, life, rng):
+    """The --children plans of a job of `kind` that lives `life` s after READY, and when the
+    harness kills each `w` child (s after READY; None: with the job)."""
+    early = lambda: f"{life * rng.uniform(0.2, 0.7):.3f}"
+    if kind == "before":
+        return [f"e{early()}"], []
+    if kind == "killed-before":
+        return ["w"], [float(early())]
+    if kind == "with":
+        return ["w"], [None]
+    if kind == "grand":
+        return [f"e{early()}/p1"], []
+    if kind == "pool":
+        return [f"e{early()}", f"e{early()}", "p1"], []
+    return [], []
+
+
+def exits_said(out):
+    """The EXIT lines the job's children wrote (pid -> CLOCK_BOOTTIME), read once every writer
+    is gone."""
+    said = {}
+    for line in out:
+        if line.startswith("EXIT "):
+            e = json.loads(line.split(" ", 1)[1])
+            said[str(e["pid"])] = e["t_ns"]
+    return said
 
 
 def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
@@ -190,12 +234,18 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
         gib = rng.choice(sizes)
         life = rng.uniform(0.2, 2.0)
         cmd = [sys.executable, os.path.join(HERE, "job.py"), "--gib", str(gib)]
+        plans, kill_at = children_of(kind, life, rng)
         if kind == "fork":
             cmd += ["--fork-hold", "1"]
         elif kind == "ipc":
             cmd += ["--export-hold", "1"]
         elif kind == "exit":
             cmd += ["--exit-after", f"{life:.3f}"]
+        if plans:
+            cmd += ["--children", ",".join(plans)]
+        # A fifth of the jobs other than IPC exporters allocate through CuPy's pool.
+        if kind != "ipc" and rng.random() < 0.2:
+            cmd += ["--cupy"]
         t_start = boot_ns()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
@@ -207,20 +257,34 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
                 truth.append(rec)
             continue
         info = json.loads(line.split(" ", 1)[1])
-        rec["t_ready_ns"] = boot_ns()
+        t_ready = boot_ns()
+        rec["t_ready_ns"] = t_ready
         rec["holders"] = info["holders"]
         everyone = [proc.pid] + [h["pid"] for h in info["holders"]]
+        waiting = [h["pid"] for h in info["holders"] if h.get("plan") == "w"]
+        killed = {}
         if kind != "exit":
-            time.sleep(life)
+            for pid, at in zip(waiting, kill_at):
+                if at is not None:
+                    time.sleep(max(0.0, t_ready / 1e9 + at - boot_ns() / 1e9))
+                    killed[str(pid)] = boot_ns()
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(max(0.0, t_ready / 1e9 + life - boot_ns() / 1e9))
             pace.wait()
             rec["t_kill_ns"] = boot_ns()
             os.kill(proc.pid, signal.SIGKILL)
+            for pid, at in zip(waiting, kill_at):
+                if at is None:
+                    killed[str(pid)] = boot_ns()
+                    os.kill(pid, signal.SIGKILL)
             with lock:
                 for scraper in scrapers:
                     scraper.kills += 1
         reaps = reaper.wait_for(everyone, 60)
         rec["reaped"] = {str(p): r and r[0] for p, r in reaps.items()}
         rec["status"] = {str(p): r and r[1] for p, r in reaps.items()}
+        # When each child's life ended: its own word, or the harness's SIGKILL.
+        rec["t_end_ns"] = {**exits_said(proc.stdout), **killed}
         with lock:
             truth.append(rec)
         proc.stdout.close()
@@ -265,7 +329,7 @@ def main():
     reaper = Reaper()
     reaper.start()
     poll = Poll(a.nvml_poll_ms / 1000)
-    idle = poll.reading()[1]
+    idle = poll.reading()[2]
     poll.start()
     agents = [start_agent(a.linger, a.out, "127.0.0.1:9477", a.lean)]
     if a.beside_lean:
@@ -304,10 +368,13 @@ def main():
             for pid in [rec["pid"]] + [h["pid"] for h in rec.get("holders", [])]:
                 # NVML's listing of a pid over the whole run: a reused pid's is ambiguous.
                 rec.setdefault("nvml_listed", {})[str(pid)] = poll.listed.get(pid)
+                # Every time the pid left NVML's list: [last reading listing it began, first
+                # reading without it ended].
+                rec.setdefault("nvml_left", {})[str(pid)] = poll.left.get(pid, [])
             f.write(json.dumps(rec) + "\n")
         # harness 2: each job's reaps taken when they came (1 kept one per pid for the run).
-        f.write(json.dumps({"summary": True, "harness": 2, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
-                            "used_after": poll.reading()[1], "workers": a.workers,
+        f.write(json.dumps({"summary": True, "harness": 3, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
+                            "used_after": poll.reading()[2], "workers": a.workers,
                             "rate": a.rate, "lean": a.lean,
                             "agent_status": agent_status,
                             "beside_lean_status": a.beside_lean and (statuses[agents[1][0].pid] or (None, None))[1],

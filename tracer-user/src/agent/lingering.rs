@@ -65,7 +65,9 @@ impl Lingering {
                 .iter()
                 .filter(|p| p.index.is_some() && p.share_bytes > 0)
                 .collect();
-            if parts.is_empty() {
+            // An incident with no memory of its own (a child whose files its live parent
+            // holds) holds nothing here, however long it is followed.
+            if parts.is_empty() && gpu.share_bytes > 0 {
                 let bytes = gpu.share_bytes.saturating_sub(gpu.released_bytes);
                 open.held.push((labels(gpu.index), bytes));
             }
@@ -105,6 +107,20 @@ impl Lingering {
                     incidents: s.incidents + 1,
                 })
             })
+    }
+
+    /// The label sets open incidents hold memory under on GPU `gpu` (its index label).
+    pub fn labels_on(&self, gpu: &str) -> Vec<MemoryLabels> {
+        let mut labels: Vec<MemoryLabels> = self
+            .open
+            .values()
+            .flat_map(|o| &o.held)
+            .filter(|(l, _)| l.gpu.gpu == gpu)
+            .map(|(l, _)| l.clone())
+            .collect();
+        labels.sort();
+        labels.dedup();
+        labels
     }
 
     /// Whether `pid` is the target of an open incident (which accounts for its memory).

@@ -97,6 +97,10 @@ pub struct Holder {
     /// When it let go (its own release, or its close of the files); absent while it holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub t_released_ns: Option<u64>,
+    /// When its own group died, for a holder already dead (killed beside it) whose exit had
+    /// not closed the files yet: it held them only until its exit did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_dead_ns: Option<u64>,
 }
 
 impl Holder {
@@ -130,6 +134,9 @@ pub struct Holders {
     dead_pids: IdMap<u32, u64>,
     /// The stream's time: the latest event's.
     now_ns: u64,
+    /// Snapshot groups found to be files linger knows, while their snapshot lasts (group ids
+    /// are never reused; the next event that is not part of a snapshot ends it).
+    snapshot_files: BTreeMap<u64, FileId>,
 }
 
 /// How long a dead group's pid is remembered: a walk of it comes within microseconds.
@@ -138,6 +145,12 @@ const DEAD_FOR_NS: u64 = 10_000_000_000;
 impl Holders {
     pub fn on_event(&mut self, e: &Event) {
         self.now_ns = self.now_ns.max(e.ts_ns);
+        if !matches!(
+            e.data,
+            EventData::SnapshotFd { .. } | EventData::ProcInfo(_)
+        ) {
+            self.snapshot_files.clear();
+        }
         self.end_exec_walk(e);
         match &e.data {
             EventData::Fork {
@@ -219,17 +232,7 @@ impl Holders {
                 dev,
                 cloexec,
                 group,
-            } => {
-                self.procs.entry(*holder).or_default().fds.insert(
-                    *fd,
-                    Fd {
-                        file: *group,
-                        dev: *dev,
-                        cloexec: *cloexec,
-                        how: How::Snapshot,
-                    },
-                );
-            }
+            } => self.snapshot_fd(*holder, *fd, *dev, *cloexec, *group),
             EventData::DriverCall {
                 func: DriverFunc::Fput,
                 exit: false,
@@ -255,6 +258,35 @@ impl Holders {
             }
             _ => {}
         }
+    }
+
+    /// A descriptor a /proc snapshot lists (at start, or of a process NVML lists for the first
+    /// time). One linger already follows keeps its file's address and how it was got: the
+    /// snapshot knows the file only by its group, and its other descriptors in the group
+    /// (in any process) are that file too. Replacing a known address by the group would make
+    /// the holder hold none of the files a dying child's walk names.
+    fn snapshot_fd(&mut self, holder: u32, fd: i32, dev: u32, cloexec: bool, group: u64) {
+        let known = self
+            .procs
+            .get(&holder)
+            .and_then(|p| p.fds.get(&fd))
+            .filter(|f| f.dev == dev && f.file >= SNAPSHOT_ID_LIMIT)
+            .cloned();
+        if let Some(known) = known {
+            self.snapshot_files.insert(group, known.file);
+            self.replace_file(group, known.file);
+            return;
+        }
+        let file = self.snapshot_files.get(&group).copied().unwrap_or(group);
+        self.procs.entry(holder).or_default().fds.insert(
+            fd,
+            Fd {
+                file,
+                dev,
+                cloexec,
+                how: How::Snapshot,
+            },
+        );
     }
 
     /// A GPU descriptor opened, dup'ed, closed or listed by a walk.
@@ -477,7 +509,13 @@ impl Holders {
         self.procs.get(&pid)
     }
 
-    /// Live processes other than `except` that hold any of `files`.
+    /// Whether any process linger follows holds `file`.
+    pub fn holds_file(&self, file: FileId) -> bool {
+        self.procs
+            .values()
+            .any(|p| p.fds.values().any(|fd| fd.file == file))
+    }
+
     /// Whether `pid` holds any of `files`.
     pub fn holds_any(&self, pid: u32, files: &[FileId]) -> bool {
         self.procs
@@ -504,6 +542,7 @@ impl Holders {
                     fds: held.iter().map(|(n, _)| **n).filter(|n| *n >= 0).collect(),
                     how: first.how,
                     t_released_ns: None,
+                    t_dead_ns: None,
                 })
             })
             .collect();
@@ -545,15 +584,20 @@ impl Holders {
             .map(|f| f.file)
             .filter(|&id| id < SNAPSHOT_ID_LIMIT);
         if let Some(group) = group {
-            for p in self.procs.values_mut() {
-                for f in p.fds.values_mut() {
-                    if f.file == group {
-                        f.file = file;
-                    }
+            self.replace_file(group, file);
+        }
+        file
+    }
+
+    /// Every descriptor of snapshot group `group` is the open file at `file`.
+    fn replace_file(&mut self, group: FileId, file: FileId) {
+        for p in self.procs.values_mut() {
+            for f in p.fds.values_mut() {
+                if f.file == group {
+                    f.file = file;
                 }
             }
         }
-        file
     }
 }
 

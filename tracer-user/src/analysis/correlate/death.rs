@@ -3,12 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::{
-    holders::{Fd, FileId, HeldFile, Holder, How},
+    holders::{FileId, HeldFile, Holder, How},
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
     },
     memory::{Residual, Role},
-    references, termination,
+    references::{self, Unseen},
+    termination,
 };
 use crate::event::Event;
 
@@ -35,7 +36,9 @@ impl Correlator {
             holder_gone: BTreeMap::new(),
             parent: None,
             importer_names: BTreeMap::new(),
-            unaccounted: 0,
+            unaccounted: Unseen::default(),
+            how_held: None,
+            ppid: 0,
             reported: None,
             stuck_reported: false,
         });
@@ -114,13 +117,13 @@ impl Correlator {
         let workload = self.workload_of(pid);
         // What it was known to hold, for the cases whose files it holds, before it goes.
         let holds_for = self.cases.held_by(pid);
-        let known: Vec<Fd> = match self.holders.process(pid) {
-            Some(p) if !holds_for.is_empty() => p.fds.values().cloned().collect(),
-            _ => Vec::new(),
-        };
+        let how_held = self
+            .holders
+            .process(pid)
+            .and_then(|p| p.fds.values().next().map(|f| f.how));
         let held = self.holders.group_died(pid);
-        self.holder_walked(&holds_for, &held, &known);
-        let held_fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
+        self.holder_walked(&holds_for, &held, pid);
+        let walked = held.clone();
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
             Some(id) => Some(id),
@@ -147,7 +150,8 @@ impl Correlator {
                 }
             }
             let oom = self.oom_marked.remove(&pid).is_some();
-            let fd_holders = self.holders.holders_of(&files, pid);
+            let mut fd_holders = self.holders.holders_of(&files, pid);
+            fd_holders.extend(self.dying_holders(id, &files));
             let role = self.role_at_death(id, pid, &files, &fd_holders);
             let owner = match role {
                 Role::AliasOf(o) => self
@@ -168,6 +172,8 @@ impl Correlator {
                 c.inc.exit = Some(ExitStatus::from_code(exit_code));
                 c.inc.outcome = Outcome::Exited;
                 c.dead_tid = Some(e.tid);
+                c.how_held = how_held;
+                c.ppid = ppid;
                 c.oom = oom;
                 if !held.is_empty() {
                     c.gpu = true;
@@ -186,7 +192,6 @@ impl Correlator {
                     };
                     c.ledger_parts = self.ledger.parts(&files, infos, only);
                     c.unaccounted = references::unaccounted(&held, &self.holders, pid);
-                    self.search_wanted |= c.unaccounted > 0;
                     gpu.files = held;
                     c.files = files.clone();
                     c.holder_gone = fd_holders.iter().map(|h| (h.pid, None)).collect();
@@ -196,6 +201,7 @@ impl Correlator {
                     c.inc.gpu.get_or_insert_with(Default::default);
                 }
             }
+            self.keep_unseen(id);
             let others: Vec<u32> = self
                 .cases
                 .get(&id)
@@ -206,10 +212,11 @@ impl Correlator {
             }
             if let Role::AliasOf(owner) = role {
                 // It held those files unseen until now: the owner's holder, found at its death.
-                self.unseen_holder_died(owner, pid, ppid, comm, held_fds, t_ns);
+                self.unseen_holder_died(owner, pid, ppid, comm, &walked, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
                 self.watch_death(id, pid, t_ns, role, &files);
+                self.owner_died(id, &holds_for, comm);
             }
         }
         // A holder of other dead processes' files is gone: their memory may be on its way.
@@ -246,6 +253,63 @@ impl Correlator {
         }
     }
 
+    /// Processes dead before case `id` whose exit has not closed their descriptors of `files`
+    /// yet (killed beside it): they hold the files until their own release.
+    fn dying_holders(&self, id: u64, files: &[FileId]) -> Vec<Holder> {
+        self.cases
+            .iter()
+            .filter(|(other, o)| {
+                **other != id
+                    && o.kernel_release.is_none()
+                    && o.files.iter().any(|f| files.contains(f))
+            })
+            .filter_map(|(_, o)| {
+                let dead = o.inc.t_group_dead_ns?;
+                let fds = o.inc.gpu.iter().flat_map(|g| &g.files);
+                Some(Holder {
+                    pid: o.inc.target.pid,
+                    comm: o.inc.target.comm.clone(),
+                    ppid: o.ppid,
+                    fds: fds
+                        .filter(|h| files.contains(&h.file) && h.fd >= 0)
+                        .map(|h| h.fd)
+                        .collect(),
+                    how: o.how_held.unwrap_or(How::Seen { t_ns: dead }),
+                    t_released_ns: None,
+                    t_dead_ns: Some(dead),
+                })
+            })
+            .collect()
+    }
+
+    /// Owner `id` of memory died: the reported deaths before it whose files it held and whose
+    /// memory was its own (a child killed beside its live parent) follow its memory from now
+    /// on, back when its is.
+    fn owner_died(&mut self, id: u64, held_for: &[u64], comm: &str) {
+        let owns = self
+            .memory
+            .watch(id)
+            .is_some_and(|w| matches!(w.role, Role::Own { .. } | Role::AliasOf(_)));
+        if !owns {
+            return;
+        }
+        let pid = self.cases.get(&id).map_or(0, |c| c.inc.target.pid);
+        for &other in held_for.iter().filter(|o| **o != id) {
+            let nothing = self
+                .memory
+                .watch(other)
+                .is_some_and(|w| w.role == Role::Nothing);
+            if !nothing || !self.reportable_death(other) {
+                continue;
+            }
+            self.memory.follow(other, id);
+            if let Some(c) = self.cases.get_mut(&other) {
+                c.owner = Some(format!("{comm}[{pid}]"));
+            }
+            self.agenda.touch(other);
+        }
+    }
+
     /// What a GPU holder's death is to give back.
     fn role_at_death(&self, id: u64, pid: u32, files: &[FileId], others: &[Holder]) -> Role {
         let video = self.ledger.bytes(files).video;
@@ -266,6 +330,10 @@ impl Correlator {
                 **other != id
                     && c.inc.t_group_dead_ns.is_some()
                     && c.files_may_be_open()
+                    && self
+                        .memory
+                        .watch(**other)
+                        .is_none_or(|w| w.role != Role::Nothing)
                     && c.files.iter().any(|f| files.contains(f))
                     && self.memory.back_ns(**other).is_none()
             })
@@ -285,13 +353,27 @@ impl Correlator {
         }
     }
 
-    /// SIGCHLD from `pid`: it is a zombie, its files released.
-    pub(super) fn zombie(&mut self, pid: u32, parent: (u32, String), t_ns: u64) {
+    /// SIGCHLD generated by a thread of `e.pid`: it is a zombie, its files released, when the
+    /// thread that ended its group sent it. Another thread's is about a child of its own: a
+    /// thread that leaves before the group's last one hands its zombie children to a
+    /// subreaper or init, which a SIGCHLD tells, while the last thread's release of the GPU
+    /// files has not begun (seen on an H100: a killed job's leader handed on a forked child
+    /// that had exited, 80 ms before the job's memory came back).
+    pub(super) fn zombie(&mut self, e: &Event, parent: (u32, String)) {
+        let (pid, t_ns) = (e.pid, e.ts_ns);
         let Some(id) = self.cases.of_unreaped(pid) else {
             // An importer with no case of its own let go with its exit.
             self.memory.importer_exited(pid, t_ns);
             return;
         };
+        if self
+            .cases
+            .get(&id)
+            .and_then(|c| c.dead_tid)
+            .is_some_and(|tid| tid != e.tid)
+        {
+            return;
+        }
         if let Some(c) = self.cases.get_mut(&id) {
             c.inc.t_zombie_ns.get_or_insert(t_ns);
             c.parent.get_or_insert(parent);
@@ -348,16 +430,17 @@ impl Correlator {
         pid: u32,
         ppid: u32,
         comm: &str,
-        fds: Vec<i32>,
+        held: &[HeldFile],
         t_ns: u64,
     ) {
         let Some(c) = self.cases.get_mut(&owner) else {
             return;
         };
-        if c.unaccounted == 0 || c.holder_gone.contains_key(&pid) {
+        if !c.unaccounted.any() || c.holder_gone.contains_key(&pid) {
             return;
         }
-        c.unaccounted = c.unaccounted.saturating_sub(fds.len() as u64);
+        c.unaccounted.found_in(held);
+        let fds = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         c.holder_gone.insert(pid, None);
         c.fd_holders.push(Holder {
             pid,
@@ -366,6 +449,7 @@ impl Correlator {
             fds,
             how: How::Seen { t_ns },
             t_released_ns: None,
+            t_dead_ns: None,
         });
         self.agenda.touch(owner);
         self.cases.holds_for(pid, owner);
@@ -379,7 +463,7 @@ impl Correlator {
             .iter()
             // A walk lists one descriptor per record: a holder already found grows with them.
             .filter(|(_, c)| {
-                c.unaccounted > 0
+                c.unaccounted.any()
                     || c.fd_holders
                         .iter()
                         .any(|h| h.pid == pid && h.found_by_walk())
@@ -407,7 +491,7 @@ impl Correlator {
                 .unwrap_or_default();
             let left = references::unaccounted(&held, &self.holders, target);
             if let Some(c) = self.cases.get_mut(&id) {
-                c.unaccounted = c.unaccounted.min(left);
+                c.unaccounted.at_most(&left);
                 c.holder_gone.entry(pid).or_insert(None);
                 self.agenda.touch(id);
                 match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
@@ -455,18 +539,63 @@ impl Correlator {
         }
     }
 
-    /// A holder of dead processes' files died and its exit walk shows what it held: the
-    /// references it had that were counted as nobody's are accounted for.
-    fn holder_walked(&mut self, cases: &[u64], walk: &[HeldFile], known: &[Fd]) {
+    /// A holder of dead processes' files died (`pid`, its exit walk `walk`): the references
+    /// to those files are counted afresh, without its threads' polls and calls, which ended
+    /// before its last thread walked.
+    fn holder_walked(&mut self, cases: &[u64], walk: &[HeldFile], pid: u32) {
         for id in cases {
-            let Some(c) = self.cases.get_mut(id) else {
+            let Some(c) = self.cases.get(id) else {
                 continue;
             };
-            if c.unaccounted == 0 {
+            let theirs: Vec<HeldFile> = walk
+                .iter()
+                .filter(|h| h.refcount > 0 && c.files.contains(&h.file))
+                .cloned()
+                .collect();
+            if theirs.is_empty() {
                 continue;
             }
-            let found = references::revealed(walk, known, &c.files, self.holders.declared());
-            c.unaccounted = c.unaccounted.saturating_sub(found);
+            let mut fresh = references::unaccounted(&theirs, &self.holders, pid);
+            if c.kernel_release.is_none() {
+                // The dead process has not closed its own descriptors yet.
+                if let Some(gpu) = &c.inc.gpu {
+                    fresh.found_in(&gpu.files);
+                }
+            }
+            let counted: Vec<FileId> = theirs.iter().map(|h| h.file).collect();
+            if let Some(c) = self.cases.get_mut(id) {
+                c.unaccounted.retain(|f| !counted.contains(&f));
+                c.unaccounted.recount(fresh);
+            }
+            self.keep_unseen(*id);
+        }
+    }
+
+    /// Of a dead case's references nobody known accounts for, keeps those on files no holder
+    /// linger knows may be holding: a live one (a poll or a call under way in one of its
+    /// threads holds a reference of its own) or another dead process whose exit has not
+    /// closed them yet. Only those are searched for; the others are counted again when their
+    /// holder dies.
+    fn keep_unseen(&mut self, id: u64) {
+        let Some(c) = self.cases.get(&id) else {
+            return;
+        };
+        if !c.unaccounted.any() {
+            return;
+        }
+        let dying: Vec<FileId> = self
+            .cases
+            .iter()
+            .filter(|(other, o)| {
+                **other != id && o.inc.t_group_dead_ns.is_some() && o.kernel_release.is_none()
+            })
+            .flat_map(|(_, o)| o.files.iter().copied())
+            .collect();
+        let holders = &self.holders;
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.unaccounted
+                .retain(|f| !holders.holds_file(f) && !dying.contains(&f));
+            self.search_wanted |= c.unaccounted.any();
         }
     }
 

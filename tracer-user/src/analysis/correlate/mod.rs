@@ -21,13 +21,14 @@ use death::sender_of;
 use super::{
     agenda::Agenda,
     gpu_errors::{GpuErrorRecord, XidBook},
-    holders::{FileId, Holder, Holders},
+    holders::{FileId, Holder, Holders, How},
     id_map::IdMap,
     incident::{Incident, Source, Target, ThreadExit},
     ledger::{self, Ledger, LedgerPart},
     losses::LossLog,
     memory::{MemoryBook, Watch},
     notice::SignalNotice,
+    references::Unseen,
     signals::{SIGCHLD, SIGKILL},
     storm::StormLog,
     teardown::{Stack, TeardownLog},
@@ -138,7 +139,11 @@ pub(in crate::analysis) struct Case {
     pub importer_names: BTreeMap<u32, (String, u32)>,
     /// References to its files at death that no known holder accounted for; less as the
     /// search finds their holders.
-    pub unaccounted: u64,
+    pub unaccounted: Unseen,
+    /// How it got its GPU files, and its parent, as known when it died (for the cases it
+    /// still holds files of while its exit closes them).
+    how_held: Option<How>,
+    ppid: u32,
     reported: Option<Reported>,
     stuck_reported: bool,
 }
@@ -149,7 +154,7 @@ impl Case {
     /// the kernel reuses the files' addresses for others' opens.
     fn files_may_be_open(&self) -> bool {
         self.kernel_release.is_none()
-            || self.unaccounted > 0
+            || self.unaccounted.any()
             || self.holder_gone.values().any(Option::is_none)
     }
 }
@@ -222,7 +227,7 @@ impl Correlator {
                 ..
             } => {
                 if *sig == SIGCHLD {
-                    self.zombie(e.pid, (*target_pid, target_comm.clone()), e.ts_ns);
+                    self.zombie(e, (*target_pid, target_comm.clone()));
                 } else {
                     let sender = sender_of(e, *code, sender_comm);
                     let target = Target {

@@ -161,7 +161,9 @@ impl Correlator {
             return true;
         }
         if let Some(Role::Nothing) = self.memory.watch(id).map(|w| w.role) {
-            return true;
+            // Its files stay open in live owners: an unreported death is done; a reported
+            // one is followed until they let go (and its memory is theirs, back with it).
+            return !self.reportable_death(id) || c.holder_gone.values().all(Option::is_some);
         }
         let Some((back, _)) = self.back(id) else {
             return false;
@@ -242,6 +244,13 @@ impl Correlator {
     /// release, or its last other holder's).
     pub(in crate::analysis) fn back(&self, id: u64) -> Option<(u64, Source)> {
         let c = self.cases.get(&id)?;
+        // An alias's memory is its owner's: back when the owner's incident says it is.
+        if let Some(owner) = self.memory.owner_of(id) {
+            return match self.cases.get(&owner) {
+                Some(_) => self.back(owner),
+                None => self.memory.kept_back(owner),
+            };
+        }
         if self.memory.nvml() {
             let nvml = self.memory.back_ns(id);
             let confirmed = self.confirmed_release(id, c);
@@ -264,7 +273,7 @@ impl Correlator {
     /// last other holder's; None while someone (known or not) still holds them.
     pub(super) fn last_release(&self, c: &Case) -> Option<u64> {
         // References nobody known accounts for: someone unseen still holds the files.
-        if c.unaccounted > 0 {
+        if c.unaccounted.any() {
             return None;
         }
         let own = c.kernel_release?.0;

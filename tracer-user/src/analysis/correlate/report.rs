@@ -68,7 +68,7 @@ impl Correlator {
             }
             Some(dead) => {
                 // Reported once reaped, or once nobody reaped it in time, or slow.
-                let held_elsewhere = !c.fd_holders.is_empty() || c.unaccounted > 0;
+                let held_elsewhere = !c.fd_holders.is_empty() || c.unaccounted.any();
                 if held_elsewhere || c.inc.t_reaped_ns.is_some() || !self.reportable_death(id) {
                     return None;
                 }
@@ -159,7 +159,7 @@ impl Correlator {
         match &c.reported {
             None => {
                 let held_elsewhere =
-                    !c.fd_holders.is_empty() || c.unaccounted > 0 || self.imported(id);
+                    !c.fd_holders.is_empty() || c.unaccounted.any() || self.imported(id);
                 // NVML's word on its share comes with the first reading after the death.
                 let read = !self.memory.nvml() || self.memory.read_since(dead);
                 let due = (settled && reaped)
@@ -236,6 +236,9 @@ impl Correlator {
     fn drop_case(&mut self, id: u64) {
         if let Some(t) = self.teardown_of(id) {
             self.storms.done(id, t);
+        }
+        if let Some(back) = self.back(id) {
+            self.memory.keep_back(id, back);
         }
         if let Some((c, last_of_pid)) = self.cases.close(id) {
             self.agenda.close(id, c.inc.t_signal_ns);

@@ -227,11 +227,11 @@ impl Correlator {
                     .try_fold(0, |t, g| g.map(|g| t.max(g)))
             })
             .flatten();
-        gpu.unaccounted_references = c.unaccounted;
+        gpu.unaccounted_references = c.unaccounted.total();
         gpu.t_memory_back_ns = back.map(|b| b.0);
         gpu.memory_back_by = back.map(|b| b.1);
         let held_elsewhere = !c.fd_holders.is_empty()
-            || c.unaccounted > 0
+            || c.unaccounted.any()
             || w.is_some_and(|w| w.residuals().next().is_some());
         if let (Some((b, _)), Some((k, _)), true) = (back, c.kernel_release, held_elsewhere) {
             gpu.held_elsewhere_ns = Some(b.saturating_sub(k));
@@ -396,6 +396,7 @@ impl Correlator {
                     via: r.via,
                 },
                 t_released_ns: r.back_ns,
+                t_dead_ns: None,
             });
         }
         out

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::analysis::incident::Source;
 use crate::event::NvmlGpu;
 
 use pool::Pool;
@@ -252,6 +253,26 @@ impl MemoryBook {
         }
     }
 
+    /// The owner whose memory `key`'s is, for an alias.
+    pub fn owner_of(&self, key: u64) -> Option<u64> {
+        match self.watches.get(&key)?.role {
+            Role::AliasOf(owner) if owner != key => Some(owner),
+            _ => None,
+        }
+    }
+
+    /// Its incident is done with its memory back at `back`: what aliases of it say after.
+    pub fn keep_back(&mut self, key: u64, back: (u64, Source)) {
+        if let Some(w) = self.watches.get_mut(&key) {
+            w.back_reported = Some(back);
+        }
+    }
+
+    /// When `key`'s memory was back, as its incident said before it was done.
+    pub fn kept_back(&self, key: u64) -> Option<(u64, Source)> {
+        self.watches.get(&key)?.back_reported
+    }
+
     /// The watch whose memory `key`'s is: its own, or its owner's for an alias.
     pub fn memory_of(&self, key: u64) -> Option<&Watch> {
         let w = self.watches.get(&key)?;
@@ -276,6 +297,7 @@ impl MemoryBook {
             ledger_devices: BTreeMap::new(),
             last_activity_ns: t_ns,
             ambiguous: Vec::new(),
+            back_reported: None,
         });
         w.last_activity_ns = w.last_activity_ns.max(t_ns);
         self.by_pid.entry(pid).or_default().insert(key);
@@ -368,6 +390,20 @@ impl MemoryBook {
                 (None, None) => {}
             }
         }
+    }
+
+    /// Dead victim `key`, which gave back nothing of its own, follows `owner`'s memory from
+    /// now on (the owner died after it).
+    pub fn follow(&mut self, key: u64, owner: u64) {
+        let Some(w) = self
+            .watches
+            .get_mut(&key)
+            .filter(|w| w.role == Role::Nothing)
+        else {
+            return;
+        };
+        w.role = Role::AliasOf(owner);
+        self.aliases += 1;
     }
 
     /// Where its ledger saw its video memory at death, by NVML index: it is awaited there

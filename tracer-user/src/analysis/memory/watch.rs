@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{ImportVia, Role, ShareFrom, VERIFY_NS};
+use crate::analysis::incident::Source;
 
 /// Part of a victim's share another process holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,6 +138,9 @@ pub struct Watch {
     /// Without driver calls: the processes whose NVML figures rose (pid, bytes) as it left the
     /// list, when other processes' figures rose at the same time.
     pub ambiguous: Vec<(u32, u64)>,
+    /// When its memory was back, as its incident last said (kept for the aliases that follow
+    /// it once its incident is done).
+    pub(super) back_reported: Option<(u64, Source)>,
 }
 
 impl Watch {

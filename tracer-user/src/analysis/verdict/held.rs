@@ -11,9 +11,16 @@ use crate::analysis::{
     memory::ImportVia,
 };
 
-/// Other processes hold its GPU files: known ones, or references no known holder accounts for
-/// (where nobody imported its memory either).
+/// Other live processes hold its GPU files: known ones, or references no known holder accounts
+/// for (where nobody imported its memory either). Holders that were dying themselves (killed
+/// beside it) let go with their own exit: the memory's return is timed as usual.
 pub(super) fn shared_fd(f: &Facts) -> Option<Verdict> {
+    let alive: Vec<&Holder> = f
+        .fd_holders
+        .iter()
+        .filter(|h| h.t_dead_ns.is_none())
+        .copied()
+        .collect();
     let unaccounted = (f.gpu.unaccounted_references > 0).then(|| {
         format!(
             "{} reference(s) to its GPU files are held outside it through descriptors linger has \
@@ -21,15 +28,15 @@ pub(super) fn shared_fd(f: &Facts) -> Option<Verdict> {
              or taken with pidfd_getfd is seen by no hook){}; the processes holding GPU files \
              are walked to find them",
             f.gpu.unaccounted_references,
-            if f.fd_holders.is_empty() {
+            if alive.is_empty() {
                 ""
             } else {
                 ", or by the holders above"
             }
         )
     });
-    (!f.fd_holders.is_empty() || (f.importers.is_empty() && unaccounted.is_some()))
-        .then(|| shared_fd_verdict(&f.fd_holders, unaccounted))
+    (!alive.is_empty() || (f.importers.is_empty() && unaccounted.is_some()))
+        .then(|| shared_fd_verdict(&alive, unaccounted))
 }
 
 /// Other processes imported part of its memory and hold it.

@@ -178,9 +178,22 @@ fn timed(f: &Facts) -> Option<Verdict> {
             }
         ),
     };
+    let mut evidence = breakdown;
+    evidence.extend(f.fd_holders.iter().filter_map(|h| {
+        let dead = h.t_dead_ns?;
+        Some(format!(
+            "{}[{}], dead {:.1} ms before it, held its files until its own exit closed them{}",
+            h.comm,
+            h.pid,
+            ms(f.dead.saturating_sub(dead)),
+            h.t_released_ns
+                .map(|t| format!(" (+{:.1} ms)", ms(t.saturating_sub(f.dead))))
+                .unwrap_or_default()
+        ))
+    }));
     Some(Verdict {
         kind,
-        evidence: breakdown,
+        evidence,
         hint,
     })
 }
