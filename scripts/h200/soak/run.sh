@@ -31,6 +31,9 @@ for mode in $MODES; do
     --workers "${WORKERS:-16}" --rate "${RATE:-6}" --nvml-poll-ms "${NVML_POLL_MS:-2}"
   echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
     "flight recorder $(du -sh "$W/state/flight" 2>/dev/null | cut -f1)"
+  # Judged at once (check.py exits 1 on a wrong answer, an open incident or a gauge left up).
+  python3 "$S/check.py" "$W" --show 3 | grep -v "^ *[0-9]* \+[0-9.-]* " || echo "$mode: check FAILED"
+  [ -d "$W/lean" ] && { python3 "$S/check.py" "$W" --agent lean --show 3 | grep -v "^ *[0-9]* \+[0-9.-]* " || echo "lean: check FAILED"; }
   # The answers first: trimming the recordings can outlast what is left of a call.
   tar czf "$OUT/soak-$mode.tgz" -C "$W" truth.jsonl metrics.jsonl state/incidents.jsonl agent.err
   [ -d "$W/lean" ] && tar czf "$OUT/soak-lean.tgz" -C "$W" truth.jsonl lean/metrics.jsonl \
