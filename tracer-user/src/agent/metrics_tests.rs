@@ -215,3 +215,53 @@ fn workload_labels_name_the_pod_uid_and_the_slurm_job() {
     );
     assert_eq!(WorkloadLabels::of(None), WorkloadLabels::default());
 }
+
+/// An open incident on GPU 0 holding `share` bytes, or nothing of its own with 0.
+fn holding(id: u64, pid: u32, share: u64) -> Record {
+    let target = crate::analysis::incident::Target {
+        pid,
+        comm: "python3".into(),
+        threads: 1,
+        workload: None,
+    };
+    let mut inc = Incident::new(id, target, 1_000_000_000);
+    inc.gpu = Some(crate::analysis::incident::GpuImpact {
+        index: Some(0),
+        share_bytes: share,
+        ..Default::default()
+    });
+    Record::Incident(Box::new(inc))
+}
+
+/// The incidents' shares are estimates: two of 60 GiB on an 80 GiB GPU whose used memory
+/// NVML reads at 70 GiB linger 70 GiB in all, and an incident with no memory of its own (a
+/// child whose live parent holds the files) counts in neither series.
+#[test]
+fn the_lingering_gauge_never_exceeds_the_gpus_used_memory() {
+    const GIB: u64 = 1 << 30;
+    let (mut m, registry) = h200_metrics(Host::default());
+    let mut read = reading(1);
+    read[0].used = 70 * GIB;
+    m.on_reading(1, &read);
+    m.on_record(&holding(1, 10, 60 * GIB));
+    m.on_record(&holding(2, 11, 60 * GIB));
+    m.on_record(&holding(3, 12, 0));
+    let series = |name: &str| -> f64 {
+        text(&registry)
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        series("linger_gpu_memory_lingering_bytes{"),
+        (70 * GIB) as f64
+    );
+    assert_eq!(series("linger_lingering_incidents{"), 2.0);
+    read[0].used = 200 * GIB;
+    m.on_reading(2, &read);
+    assert_eq!(
+        series("linger_gpu_memory_lingering_bytes{"),
+        (120 * GIB) as f64
+    );
+}

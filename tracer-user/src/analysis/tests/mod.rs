@@ -1,6 +1,7 @@
 //! The state machine and its verdicts from synthetic event sequences, shaped like the kill
 //! situations seen on the H200 (no root, no kernel): one test per way the answer went wrong.
 
+mod children;
 mod imports;
 mod incidents;
 mod lean;
