@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::labels::MemoryLabels;
-use crate::analysis::Incident;
+use crate::analysis::{incident::HELD_BY_OWNERS, Incident};
 
 /// The lingering memory of one label set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,9 +65,9 @@ impl Lingering {
                 .iter()
                 .filter(|p| p.index.is_some() && p.share_bytes > 0)
                 .collect();
-            // An incident with no memory of its own (a child whose files its live parent
-            // holds) holds nothing here, however long it is followed.
-            if parts.is_empty() && gpu.share_bytes > 0 {
+            // A death whose memory its live owners hold (a child whose files its parent
+            // holds) lingers nothing, however long it is followed.
+            if parts.is_empty() && gpu.share_from != HELD_BY_OWNERS {
                 let bytes = gpu.share_bytes.saturating_sub(gpu.released_bytes);
                 open.held.push((labels(gpu.index), bytes));
             }

@@ -216,7 +216,8 @@ fn workload_labels_name_the_pod_uid_and_the_slurm_job() {
     assert_eq!(WorkloadLabels::of(None), WorkloadLabels::default());
 }
 
-/// An open incident on GPU 0 holding `share` bytes, or nothing of its own with 0.
+/// An open incident on GPU 0 holding `share` bytes, or, with 0, a death whose memory its
+/// live owners hold.
 fn holding(id: u64, pid: u32, share: u64) -> Record {
     let target = crate::analysis::incident::Target {
         pid,
@@ -228,6 +229,11 @@ fn holding(id: u64, pid: u32, share: u64) -> Record {
     inc.gpu = Some(crate::analysis::incident::GpuImpact {
         index: Some(0),
         share_bytes: share,
+        share_from: if share == 0 {
+            crate::analysis::incident::HELD_BY_OWNERS
+        } else {
+            "nvml"
+        },
         ..Default::default()
     });
     Record::Incident(Box::new(inc))

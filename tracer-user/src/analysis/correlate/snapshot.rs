@@ -9,7 +9,7 @@ use tracer_common::driver::dev_minor;
 use super::{Case, Correlator, Reported};
 use crate::analysis::{
     holders::{HeldFile, Holder, How},
-    incident::{ExitStatus, GpuPart, Incident, Source},
+    incident::{ExitStatus, GpuPart, Incident, Source, HELD_BY_OWNERS},
     ledger::LedgerPart,
     memory::{tolerance, ImportVia, Role, ShareFrom, Watch},
     signals::{self, Origin, SIGKILL},
@@ -211,6 +211,9 @@ impl Correlator {
             gpu.share_from = from.label();
         } else {
             gpu.share_from = "none";
+        }
+        if w.is_some_and(|w| w.role == Role::Nothing) {
+            gpu.share_from = HELD_BY_OWNERS;
         }
         if let Some(w) = w {
             gpu.index = w.gpu();

@@ -193,6 +193,11 @@ pub enum Source {
     Zombie,
 }
 
+/// `share_from` of a death that gave back nothing of its own while its files stay open in
+/// live processes that own the memory (a child dying beside its parent): nothing lingers
+/// because of it until they die.
+pub const HELD_BY_OWNERS: &str = "owners";
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuImpact {
     /// NVML's index of the GPU its memory was on, once NVML listed it.
@@ -201,7 +206,7 @@ pub struct GpuImpact {
     /// it was watched, else its ledger's video bytes (`share_from`).
     pub share_bytes: u64,
     /// `nvml`, `ledger`, or `none` (no memory of its own: NVML never listed it and its files
-    /// carry no allocation, or other processes' memory).
+    /// carry no allocation, or other processes' memory), or [`HELD_BY_OWNERS`].
     pub share_from: &'static str,
     /// Physical video memory the driver gave the target's clients (decoded RM ioctls seen
     /// while tracing; allocations made before tracing began are not counted).

@@ -57,6 +57,7 @@ fn a_child_killed_before_its_parent_names_it_and_settles_with_its_memory() {
     assert_eq!(child.holders[0].pid, 10);
     let gpu = child.gpu.as_ref().expect("gpu");
     assert_eq!(gpu.share_bytes, 0, "the memory is its parent's");
+    assert_eq!(gpu.share_from, "owners", "nothing lingers because of it");
     assert_eq!(
         gpu.unaccounted_references, 0,
         "the parent may hold the extra one"
