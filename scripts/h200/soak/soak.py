@@ -1,14 +1,20 @@
 """The soak: a busy GPU node's steady churn of jobs beside `linger agent`, with a truth of its
 own for every victim.
 
-Workers start GPU jobs (job.py: 1-16 GiB; some fork a child that keeps the memory a second
-longer, some share it with a CUDA IPC importer that keeps it a second longer, some exit
-normally) and SIGKILL the rest at a steady rate. The harness is every job's reaper (a
-subreaper, so orphaned holders come back to it too) and times each reap on CLOCK_BOOTTIME: a
-victim's memory is back when the last process holding it has been reaped (the driver frees it
-in that process's exit, before its zombie transition). Its own NVML poll says when NVML last
-listed each pid, as a cross-check. Meanwhile it scrapes the agent's /metrics and reads the
-agent's CPU time and memory every second.
+Workers start GPU jobs (job.py: 1-16 GiB, a fifth through CuPy's pool; some share it with a
+CUDA IPC importer that keeps it a second longer, some exit normally, some fork children that
+never touch CUDA: one that keeps the memory a second past the job's death, one that leaves
+before the job's kill (exiting, or SIGKILLed by the harness), one killed with the job, one that
+leaves early having forked a grandchild that outlives the job, or a pool of three workers of
+which two leave before the kill) and SIGKILL the rest at a steady rate (KINDS). The harness is
+every job's reaper (a subreaper, so orphaned holders come back to it too) and times each reap
+on CLOCK_BOOTTIME: a victim's memory is back when the last process holding it has been reaped
+(the driver frees it in that process's exit, before its zombie transition). Each child says
+when it exits (its EXIT line), so the truth knows who held the files at each death
+(`t_end_ns`). Its own NVML poll stamps each reading at its start and its end and says when
+each pid left NVML's list (`nvml_left`: the start of the last reading that listed it, the end
+of the first that did not). Meanwhile it scrapes the agent's /metrics and reads the agent's CPU
+time and memory every second. check.py judges the run.
 
 usage: soak.py LINGER OUTDIR [--lean] [--beside-lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
        [--nvml-poll-ms MS]
@@ -216,8 +222,8 @@ def children_of(kind, life, rng):
 
 
 def exits_said(out):
-    """The EXIT lines the job's children wrote (pid -> CLOCK_BOOTTIME), read once every writer
-    is gone."""
+    """The EXIT lines the job and its children wrote (pid -> CLOCK_BOOTTIME), read once every
+    writer is gone."""
     said = {}
     for line in out:
         if line.startswith("EXIT "):
