@@ -162,7 +162,7 @@ fn incidents(replayed: &str) -> HashMap<u64, Value> {
 
 /// Of the job at `pid` that started at `start`, the incident of `target` (one of its
 /// processes).
-fn incident_of<'a>(all: &'a HashMap<u64, Value>, target: u64, start: u64) -> Option<&'a Value> {
+fn incident_of(all: &HashMap<u64, Value>, target: u64, start: u64) -> Option<&Value> {
     all.values().find(|i| {
         i["target"]["pid"] == target && i["t_group_dead_ns"].as_u64().is_some_and(|d| d >= start)
     })
