@@ -17,19 +17,34 @@ fn manifest() -> PathBuf {
         .join("../deploy/kubernetes/examples/gpu-pod-gated.yaml")
 }
 
-/// The init container's arguments (its image's entry point is linger).
-fn gate_args() -> Vec<String> {
+/// A part of the pod's spec, by a Python expression on `pod`.
+fn spec_part(expression: &str) -> serde_json::Value {
     let out = Command::new("python3")
         .args([
             "-c",
-            "import json, sys, yaml; pod = yaml.safe_load(open(sys.argv[1])); \
-             print(json.dumps(pod['spec']['initContainers'][0]['args']))",
+            &format!(
+                "import json, sys, yaml; pod = yaml.safe_load(open(sys.argv[1])); \
+                 print(json.dumps({expression}))"
+            ),
         ])
         .arg(manifest())
         .output()
         .expect("python3 with PyYAML (kubernetes-validate's dependency)");
     assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("the args as JSON")
+    serde_json::from_slice(&out.stdout).expect("the part as JSON")
+}
+
+/// The init container's arguments (its image's entry point is linger).
+fn gate_args() -> Vec<String> {
+    serde_json::from_value(spec_part("pod['spec']['initContainers'][0]['args']"))
+        .expect("the args")
+}
+
+/// The previous pod's holders live in other pid namespaces: the gate runs in the host's,
+/// where this test runs it too (tests/tests/wait_gate.rs shows it refusing from its own).
+#[test]
+fn the_gated_pod_sees_the_hosts_processes() {
+    assert_eq!(spec_part("pod['spec'].get('hostPID')"), true);
 }
 
 /// The init container's command with `--timeout` and `--state-dir` given other values, and

@@ -178,6 +178,48 @@ fn any_process_fails_on_a_live_holder_that_is_not_allowed() {
     assert_eq!(code, Some(0), "allowed: {answer:#}");
 }
 
+/// A pod without hostPID is a pid namespace of its own: its /proc shows none of the other
+/// pods' processes. The gate run there (`unshare --pid --fork --mount-proc`) with a holder
+/// outside refuses to call the GPU clean (exit 3, saying why); with --allow-partial-view it
+/// decides from what it sees, and says so; from the host's namespace it sees the holder.
+#[test]
+fn inside_a_pid_namespace_the_gate_refuses_to_call_a_gpu_clean() {
+    require_root();
+    let _alone = one_at_a_time();
+    let dir = TempDir::new("gate-pidns");
+    let state = TempDir::new("gate-pidns-state");
+    let device = stand_in_device(dir.path());
+    let holder = FdScenario::start(SCENARIO, &device, "held-before");
+    let in_namespace = |extra: &[&str]| {
+        let inner = gate_command(
+            &device,
+            &state,
+            &[&["--any-process", "--timeout", "1s"], extra].concat(),
+        );
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--"])
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.output().expect("unshare")
+    };
+    let refused = in_namespace(&[]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("pid namespace") && said.contains("hostPID"),
+        "{said}"
+    );
+    let (code, answer) = answer(in_namespace(&["--allow-partial-view"]));
+    assert_eq!(code, Some(0), "it sees no holder: {answer:#}");
+    let notes = answer["notes"].to_string();
+    assert!(notes.contains("--allow-partial-view"), "{answer:#}");
+    let (code, answer) = gate(&device, &state, &["--any-process", "--timeout", "1s"]);
+    assert_eq!(code, Some(1), "the host's view: {answer:#}");
+    assert_eq!(holders(&answer)[0].0, u64::from(holder.pids[0]));
+}
+
 /// `linger agent` on the stand-in device, its incident log in `state`, rotated at every
 /// record; killed when dropped.
 fn agent(device: &Path, state: &Path) -> linger_tests::Guarded {

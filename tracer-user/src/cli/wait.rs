@@ -32,7 +32,7 @@ use tracer_user::{
     privileges,
     probe::devices::GpuDevices,
     sink::json,
-    source::{machine, nvml},
+    source::{machine, nvml, procfs},
 };
 
 use self::{
@@ -98,13 +98,32 @@ pub struct Args {
     /// and why.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/linger")]
     state_dir: PathBuf,
+    /// Decide from the processes /proc shows even where it shows only a pid namespace of its
+    /// own (a pod without hostPID): holders outside it are not seen, and NVML's figures for
+    /// pids it cannot resolve are all that speaks for them.
+    #[arg(long)]
+    allow_partial_view: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     privileges::require("naming the holders of GPU files", privileges::PROC)
         .map_err(Error::from)?;
-    let reader = nvml::Reader::open();
     let mut notes = Vec::new();
+    if let Some(ns) = procfs::partial_pid_view() {
+        anyhow::ensure!(
+            args.allow_partial_view,
+            "/proc shows only the processes of pid namespace {ns}, not the host's: a holder \
+             outside it (another pod's worker) cannot be seen, so no GPU can be called clean \
+             from here: cannot tell. Run in the host's pid namespace (hostPID: true in a pod, \
+             as deploy/kubernetes/examples/gpu-pod-gated.yaml does), or pass \
+             --allow-partial-view to decide from this namespace's processes and NVML alone"
+        );
+        notes.push(format!(
+            "/proc shows only pid namespace {ns} (--allow-partial-view): holders outside it \
+             are not seen"
+        ));
+    }
+    let reader = nvml::Reader::open();
     let known = known_gpus(&reader, &mut notes);
     let discovered = GpuDevices::discover(&args.gpu_devices)?;
     let (gpu_scope, gpus_from) = gpu_scope(&args)?;

@@ -189,6 +189,19 @@ pub fn holding_gpu_files(devices: &GpuDevices) -> Vec<u32> {
     pids
 }
 
+/// The kernel's first pid namespace (PROC_PID_INIT_INO): the host's.
+const INITIAL_PID_NS: u64 = 0xEFFF_FFFC;
+
+/// The pid namespace /proc shows when it is not the host's (a pod without hostPID, `unshare
+/// --pid --mount-proc`): processes outside it are not in /proc. That of its PID 1, else (PID 1
+/// unreadable) this process's own. None: /proc shows the host's processes.
+pub fn partial_pid_view() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |path: &str| fs::metadata(path).ok().map(|m| m.ino());
+    let seen = ns("/proc/1/ns/pid").or_else(|| ns("/proc/self/ns/pid"))?;
+    (seen != INITIAL_PID_NS).then_some(seen)
+}
+
 /// Whether /proc has `pid` (alive, or a zombie).
 pub fn exists(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
