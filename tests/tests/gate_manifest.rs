@@ -36,8 +36,7 @@ fn spec_part(expression: &str) -> serde_json::Value {
 
 /// The init container's arguments (its image's entry point is linger).
 fn gate_args() -> Vec<String> {
-    serde_json::from_value(spec_part("pod['spec']['initContainers'][0]['args']"))
-        .expect("the args")
+    serde_json::from_value(spec_part("pod['spec']['initContainers'][0]['args']")).expect("the args")
 }
 
 /// The previous pod's holders live in other pid namespaces: the gate runs in the host's,

@@ -6,6 +6,7 @@ mod build;
 mod cross;
 mod kubectl;
 mod lint;
+mod python;
 mod setup;
 mod test;
 mod vm;

@@ -173,29 +173,6 @@ fn build_bpf_linker(llvm: &Path) -> Result<()> {
     .context("building bpf-linker failed")
 }
 
-/// `python3 -m pip install PACKAGE` unless `module` imports already.
-pub fn pip_install(module: &str, package: &str) -> Result<()> {
-    let has = |m: &str| {
-        Command::new("python3")
-            .args(["-c", &format!("import {m}")])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if has(module) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing {package} from PyPI");
-    let ok = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", package])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok || !has(module) {
-        bail!("python3 -m pip install {package} failed");
-    }
-    Ok(())
-}
-
 pub fn which(program: &str) -> Option<PathBuf> {
     env::split_paths(&env::var_os("PATH")?)
         .map(|d| d.join(program))

@@ -26,9 +26,10 @@ pub fn run(args: &[String]) -> Result<()> {
     {
         vm::install(&["slurm-wlm", "munge"])?;
     }
-    // The Kubernetes manifests' offline schema check, from PyPI; the overlays built by
-    // Debian's kubectl; the systemd unit checked by systemd-analyze.
-    crate::setup::pip_install("kubernetes_validate", "kubernetes-validate")?;
+    // The Kubernetes manifests' offline schema check, from PyPI into a virtual environment
+    // whose python3 the tests find first; the overlays built by Debian's kubectl; the systemd
+    // unit checked by systemd-analyze.
+    let python = crate::python::env()?;
     let kubectl = crate::kubectl::debian()?;
     if crate::setup::which("systemd-analyze").is_none() {
         vm::install(&["systemd"])?;
@@ -46,7 +47,8 @@ pub fn run(args: &[String]) -> Result<()> {
         ])
         .args(args)
         .env("LINGER_BIN", bin)
-        .env("LINGER_DEBIAN_KUBECTL", kubectl);
+        .env("LINGER_DEBIAN_KUBECTL", kubectl)
+        .env("PATH", front_of_path(&python)?);
     let counts = cargo_test(&mut cargo);
     // A filtered run (`cargo xtask test NAME`) is for iterating on cargo tests only.
     if !args.is_empty() {
@@ -65,6 +67,13 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let (passed, failed) = counts?;
     summary(passed + vm.0, failed + vm.1)
+}
+
+/// PATH with `dir` first.
+fn front_of_path(dir: &std::path::Path) -> Result<std::ffi::OsString> {
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&rest));
+    std::env::join_paths(dirs).context("PATH")
 }
 
 /// Runs cargo test, passing its output through, and adds up its `test result:` lines.
