@@ -261,6 +261,7 @@ def main():
         abs_ms = sorted(abs(e) / 1e6 for e in errors)
         print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
               f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
+    interval_report(jobs, incidents)
     gauge_ok = True
     metrics_path = os.path.join(agent_dir, "metrics.jsonl")
     if not a.incidents and os.path.exists(metrics_path):
@@ -268,6 +269,38 @@ def main():
     ok = bad == 0 and not unsettled and not verdictless and gauge_ok
     print("check: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
+
+
+def interval_report(jobs, incidents):
+    """Where each job's reported release falls against NVML's own interval for it (soak.py's
+    poll, each reading stamped at its start and end: back after the start of the last reading
+    that listed the last holder, before the end of the first that did not), by the source the
+    incident gives: inside it, early, or late, widened by nothing."""
+    by_source = {}
+    for job in jobs:
+        interval = job.nvml_interval()
+        inc = incident_of(job.pid, job.row["t_start_ns"], job.last_end, incidents)
+        back = ((inc or {}).get("gpu") or {}).get("t_memory_back_ns")
+        if interval is None or back is None:
+            continue
+        source = inc["gpu"].get("memory_back_by") or "none"
+        row = by_source.setdefault(source, {"inside": 0, "early": [], "late": [], "width": []})
+        row["width"].append(interval[1] - interval[0])
+        if back < interval[0]:
+            row["early"].append(interval[0] - back)
+        elif back > interval[1]:
+            row["late"].append(back - interval[1])
+        else:
+            row["inside"] += 1
+    if not by_source:
+        return
+    print("releases against NVML's interval (source: inside / early / late, the interval's median width)")
+    for source, row in sorted(by_source.items()):
+        n = row["inside"] + len(row["early"]) + len(row["late"])
+        worst = lambda v: f" (max {max(v) / 1e6:.1f} ms)" if v else ""
+        print(f"  {source}: {n} releases, {row['inside']} inside, {len(row['early'])} early"
+              f"{worst(row['early'])}, {len(row['late'])} late{worst(row['late'])}; width "
+              f"{statistics.median(row['width']) / 1e6:.1f} ms")
 
 
 def metrics_report(path, incidents, jobs):
