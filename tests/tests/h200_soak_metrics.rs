@@ -33,7 +33,9 @@ const GAUGE_ZERO_BY_NS: u64 = 2_000_000_000;
 const RSS_GROWTH: f64 = 1.05;
 
 fn field(row: &Value, name: &str) -> f64 {
-    row[name].as_f64().unwrap_or_else(|| panic!("{name} in {row}"))
+    row[name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name} in {row}"))
 }
 
 /// Per full minute from the first scrape: (kills, CPU seconds, RSS at its end).
@@ -97,7 +99,11 @@ fn the_soak_tables_cpu_rss_and_gauge_are_what_the_scrapes_say() {
         );
         let after = rows
             .iter()
-            .find(|r| r["t_ns"].as_u64().is_some_and(|t| t > last + GAUGE_ZERO_BY_NS))
+            .find(|r| {
+                r["t_ns"]
+                    .as_u64()
+                    .is_some_and(|t| t > last + GAUGE_ZERO_BY_NS)
+            })
             .unwrap_or_else(|| panic!("{}: no scrape 2 s after the last release", claim.run));
         assert_eq!(field(after, "lingering"), 0.0, "{}: {after}", claim.run);
     }
