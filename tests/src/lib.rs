@@ -24,6 +24,7 @@ pub mod agent;
 pub mod bench;
 pub mod doctor;
 pub mod fixtures;
+pub mod gate;
 
 /// Longest wait for a line or an exit before the test gives up on a hung child.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);

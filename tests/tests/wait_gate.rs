@@ -4,25 +4,18 @@
 
 use std::{
     path::Path,
-    process::{Output, Stdio},
-    sync::{Mutex, MutexGuard, PoisonError},
+    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
-use linger_tests::{linger, require_root, stand_in_device, FdScenario, TempDir};
-use nix::{sys::signal::Signal, unistd::Pid};
+use linger_tests::{
+    gate::{answer, kill_and_wait, one_at_a_time},
+    linger, require_root, stand_in_device, FdScenario, TempDir,
+};
 use serde_json::Value;
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
-
-/// Every stand-in device is /dev/full's node: one test at a time, or a gate would see the
-/// other tests' holders of it.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// `linger wait` on the stand-in device with `args`, reading no agent's log (an empty state
 /// directory); its exit code and JSON answer.
@@ -46,17 +39,6 @@ fn gate_command(device: &Path, state: &TempDir, args: &[&str]) -> std::process::
     cmd
 }
 
-fn answer(out: Output) -> (Option<i32>, Value) {
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "linger wait's answer is not JSON ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), json)
-}
-
 /// The pids the answer names as holders, with their kind.
 fn holders(answer: &Value) -> Vec<(u64, String)> {
     answer["holders"]
@@ -70,20 +52,6 @@ fn holders(answer: &Value) -> Vec<(u64, String)> {
             )
         })
         .collect()
-}
-
-/// SIGKILLs a process that is not our child and waits until it holds nothing (its parent,
-/// init, may leave it a zombie).
-fn kill_and_wait(pid: u32) {
-    let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-    let start = Instant::now();
-    while tracer_user::source::procfs::stat(pid).is_some_and(|s| s.state != 'Z') {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{pid} did not die"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

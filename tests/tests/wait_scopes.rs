@@ -8,23 +8,14 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Output,
-    sync::{Mutex, MutexGuard, PoisonError},
-    thread,
-    time::{Duration, Instant},
 };
 
-use linger_tests::{linger, require_root, stand_in_device, FdScenario, TempDir};
-use nix::{sys::signal::Signal, unistd::Pid};
-use serde_json::Value;
+use linger_tests::{
+    gate::{answer, kill_and_wait, one_at_a_time},
+    linger, require_root, stand_in_device, FdScenario, TempDir,
+};
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
-
-/// Every stand-in device is /dev/full's node: one gate at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn gate(device: &Path, state: &TempDir, args: &[&str]) -> Output {
     linger()
@@ -38,24 +29,13 @@ fn gate(device: &Path, state: &TempDir, args: &[&str]) -> Output {
         .expect("running linger wait")
 }
 
-fn answer(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 /// The gate names `holder` in the scope `args` gives (exit 1), and, once it is dead, calls
 /// the GPU clean (exit 0).
 fn named_then_clean(device: &Path, args: &[&str], holder: FdScenario) {
     let state = TempDir::new("scope-state");
     let pid = holder.pids[0];
-    let out = gate(device, &state, args);
-    let busy = answer(&out);
-    assert_eq!(out.status.code(), Some(1), "{busy:#}");
+    let (code, busy) = answer(gate(device, &state, args));
+    assert_eq!(code, Some(1), "{busy:#}");
     let named: Vec<u64> = busy["holders"]
         .as_array()
         .expect("holders")
@@ -65,17 +45,8 @@ fn named_then_clean(device: &Path, args: &[&str], holder: FdScenario) {
     assert_eq!(named, vec![u64::from(pid)], "{busy:#}");
     kill_and_wait(pid);
     drop(holder);
-    let out = gate(device, &state, args);
-    assert_eq!(out.status.code(), Some(0), "{:#}", answer(&out));
-}
-
-fn kill_and_wait(pid: u32) {
-    let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-    let start = Instant::now();
-    while tracer_user::source::procfs::stat(pid).is_some_and(|s| s.state != 'Z') {
-        assert!(start.elapsed() < Duration::from_secs(10), "{pid} lives");
-        thread::sleep(Duration::from_millis(10));
-    }
+    let (code, clean) = answer(gate(device, &state, args));
+    assert_eq!(code, Some(0), "{clean:#}");
 }
 
 /// A cgroup the test makes under a hierarchy of this machine's (v1 `pids` where it is mounted,
@@ -177,9 +148,8 @@ fn a_uuid_this_machine_does_not_have_is_said() {
     let device = stand_in_device(dir.path());
     let state = TempDir::new("scope-uuid-state");
     let uuid = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6";
-    let out = gate(&device, &state, &["--uuid", uuid, "--any-process"]);
-    let clean = answer(&out);
-    assert_eq!(out.status.code(), Some(0), "{clean:#}");
+    let (code, clean) = answer(gate(&device, &state, &["--uuid", uuid, "--any-process"]));
+    assert_eq!(code, Some(0), "{clean:#}");
     assert!(clean["notes"].to_string().contains(uuid), "{clean:#}");
     let out = linger()
         .args(["wait", "--uuid", uuid, "--any-process", "--timeout", "0s"])
