@@ -11,6 +11,7 @@ mod checks;
 mod guest;
 mod image;
 mod kernels;
+mod record;
 mod standin;
 
 use std::{
@@ -134,12 +135,17 @@ fn run_guests(
     }
     let mut ready = Vec::new();
     let mut results: Vec<(&'static str, Result<String>)> = Vec::new();
+    let mut used = Vec::new();
     for spec in specs {
         match kernels::resolve(root, spec, guest) {
-            Ok(kernel) => ready.push((spec.name, kernel)),
+            Ok(kernel) => {
+                used.extend(record::line(guest, spec.name, &kernel).ok());
+                ready.push((spec.name, kernel));
+            }
             Err(e) => results.push((spec.name, Err(e))),
         }
     }
+    record::compare(&build::workspace_root(), root, guest, &used);
     let cores = thread::available_parallelism().map_or(1, |n| n.get());
     let next = std::sync::Mutex::new(ready.into_iter());
     let done = std::sync::Mutex::new(results);
