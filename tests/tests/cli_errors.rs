@@ -143,3 +143,18 @@ fn a_bad_web_config_stops_the_agent_at_start_with_its_reason() {
     );
     assert!(!stderr.contains("tracing"), "{stderr}");
 }
+
+/// A trace that is not there: the path and the OS's reason, once.
+#[test]
+fn replay_of_a_missing_file_says_why_once() {
+    let out = linger()
+        .args(["replay", "/nonexistent/none.trace"])
+        .output()
+        .expect("running linger");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/none.trace") && stderr.matches("No such file").count() == 1,
+        "{stderr}"
+    );
+}

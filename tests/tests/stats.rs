@@ -390,3 +390,28 @@ fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
     args.push("--force");
     let (_, _) = stats(&args, &files);
 }
+
+/// Given nothing it can read, stats says so and exits 1: a script must tell "no incidents"
+/// from "could not read".
+#[test]
+fn nothing_readable_is_an_error_not_an_empty_table() {
+    let tmp = TempDir::new("stats-nothing");
+    let text = tmp.path().join("notes.txt");
+    std::fs::write(&text, "not a log\n").expect("text");
+    let out = linger_tests::linger()
+        .args(["stats", "--json"])
+        .arg(&text)
+        .output()
+        .expect("linger stats");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no trace or incident log could be read"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no table: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -60,4 +60,20 @@ fn a_recorded_kill_exports_to_a_flamegraph() {
     assert!(svg.status.success());
     let svg = String::from_utf8_lossy(&svg.stdout);
     assert!(svg.contains("<svg") && svg.contains("exiting"), "{svg}");
+    // No incident of the pid asked for: nothing to draw, an error, and no file left behind.
+    let out = rec.trace.with_extension("svg");
+    let none = run(
+        &[
+            "export",
+            "--format",
+            "svg",
+            "--pid",
+            "4000000",
+            "-o",
+            out.to_str().expect("UTF-8"),
+        ],
+        &rec.trace,
+    );
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
+    assert!(!out.exists(), "a failed export left {}", out.display());
 }

@@ -60,9 +60,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let file = OutputFile::create(path, Existing::replace_if(args.force))
                 .with_context(|| format!("creating {}", escape::path(path)))?;
             let mut out = BufWriter::new(file);
-            export(&args, &mut replay, &progress, &mut out)?;
-            // A file replaced gives way to a complete export only.
+            let exported = export(&args, &mut replay, &progress, &mut out);
             let mut file = out.into_inner().map_err(|e| e.into_error())?;
+            if let Err(e) = exported {
+                // An export that failed leaves no file behind.
+                file.discard();
+                return Err(e);
+            }
+            // A file replaced gives way to a complete export only.
             file.commit()?;
         }
         None => export(

@@ -75,6 +75,8 @@ pub struct OutputFile {
     file: File,
     /// Set while a replacement is written under a temporary name.
     pending: Option<Pending>,
+    /// A new file's directory and name, for [`OutputFile::discard`].
+    created: Option<(OwnedFd, OsString)>,
 }
 
 struct Pending {
@@ -120,6 +122,7 @@ impl OutputFile {
                 return Ok(Self {
                     file: fd.into(),
                     pending: None,
+                    created: Some((dir, name.to_owned())),
                 })
             }
             Err(Errno::EEXIST) => {}
@@ -136,7 +139,16 @@ impl OutputFile {
                 name: name.to_owned(),
                 shown,
             }),
+            created: None,
         })
+    }
+
+    /// What failed half way leaves nothing: a new file is removed, a replacement's temporary
+    /// file too (the old file stays as it was).
+    pub fn discard(mut self) {
+        if let Some((dir, name)) = self.created.take() {
+            let _ = unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir);
+        }
     }
 
     /// Gives the file its name: a new file has it already; a replacement, written so far under

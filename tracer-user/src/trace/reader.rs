@@ -32,8 +32,15 @@ pub enum TraceError {
         "recorded on a big-endian host: this linger decodes little-endian kernel records only"
     )]
     BigEndian,
+    /// The I/O error is said in the message, not kept as a source: a chain would say it twice.
     #[error("reading the trace: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for TraceError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 /// A stretch of the file that could not be used.

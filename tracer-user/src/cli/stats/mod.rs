@@ -95,6 +95,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for note in skipped.iter().chain(&overlaps(&read, &given)) {
         eprintln!("linger stats: {}", escape::terminal(note));
     }
+    // A script must tell "no incidents" from "nothing could be read".
+    anyhow::ensure!(
+        !read.is_empty(),
+        "no trace or incident log could be read among the inputs ({} skipped)",
+        skipped.len()
+    );
     let rows = groups(incidents.samples(), args.by);
     if let Some(path) = &args.svg {
         let by = format!("{:?}", args.by).to_lowercase();
