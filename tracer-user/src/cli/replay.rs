@@ -130,6 +130,13 @@ pub fn warn_about(replay: &Replay<File>, path: &Path) {
             stats.unknown
         );
     }
+    if stats.damaged > 0 {
+        eprintln!(
+            "linger: skipped {} damaged event(s) of kinds this linger knows (a field missing or \
+             of the wrong type)",
+            stats.damaged
+        );
+    }
     if stats.malformed_chunks > 0 {
         eprintln!(
             "linger: {} chunk(s) held a record running past their end; the rest of each was skipped",

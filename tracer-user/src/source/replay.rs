@@ -23,6 +23,9 @@ pub struct ReplayStats {
     pub undecodable: u64,
     /// Records of kinds, or events of variants, this linger does not know.
     pub unknown: u64,
+    /// Events of kinds this linger knows that do not parse (a field missing or of the wrong
+    /// type): damaged, not newer.
+    pub damaged: u64,
     /// Good chunks whose records ran past their end (a writer bug, not file damage).
     pub malformed_chunks: u64,
 }
@@ -125,8 +128,13 @@ impl<R: Read> Replay<R> {
                     ),
                     Ok(Record::Event(json)) => match serde_json::from_slice(json) {
                         Ok(e) => e,
-                        Err(_) => {
-                            self.stats.unknown += 1;
+                        Err(e) => {
+                            // serde names a tag it does not know so; anything else is damage.
+                            if e.to_string().contains("unknown variant") {
+                                self.stats.unknown += 1;
+                            } else {
+                                self.stats.damaged += 1;
+                            }
                             continue;
                         }
                     },
@@ -195,5 +203,46 @@ impl<R: Read> Replay<R> {
     /// replay did not get that far.
     pub fn end(&self) -> Option<&EndSummary> {
         self.end.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Replay;
+    use crate::event::{Event, EventData};
+    use crate::trace::{TraceMeta, TraceWriter, WriterOptions};
+
+    /// An event of a kind this linger knows whose field has the wrong type is damage; one of a
+    /// kind it does not know was written by a newer linger. Both are skipped, counted apart.
+    #[test]
+    fn a_damaged_known_event_is_told_from_a_newer_kind() {
+        let mut w = TraceWriter::new(Vec::new(), &TraceMeta::default(), WriterOptions::default())
+            .expect("in memory");
+        let good = Event::collector(1, EventData::Tick);
+        let mut damaged =
+            serde_json::to_value(Event::collector(2, EventData::Nvml { gpus: Vec::new() }))
+                .expect("JSON");
+        damaged["data"]["gpus"] = json!("not a list");
+        let mut newer = damaged.clone();
+        newer["data"] = json!({"kind": "from_the_future"});
+        w.event(&Event { pid: 1, ..good });
+        w.raw_event(&damaged);
+        w.raw_event(&newer);
+        let bytes = w.finish(&"end").expect("in memory").0;
+        let mut replay = Replay::new(bytes.as_slice()).expect("a trace");
+        let mut seen = 0;
+        replay
+            .run(
+                |_| {
+                    seen += 1;
+                    std::ops::ControlFlow::Continue(())
+                },
+                |_| {},
+            )
+            .expect("read");
+        assert_eq!(seen, 1);
+        assert_eq!((replay.stats().damaged, replay.stats().unknown), (1, 1));
     }
 }

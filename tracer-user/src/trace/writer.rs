@@ -194,6 +194,13 @@ impl<W: Write> TraceWriter<W> {
         self.stats.records + u64::from(self.records)
     }
 
+    /// An event record holding `value` as it is, for tests of what a reader makes of events it
+    /// cannot parse.
+    #[cfg(test)]
+    pub fn raw_event(&mut self, value: &serde_json::Value) {
+        self.json_record(kind::EVENT, value);
+    }
+
     fn json_record(&mut self, kind_id: u16, value: &impl Serialize) {
         match serde_json::to_vec(value) {
             Ok(json) => {
