@@ -1,7 +1,8 @@
-//! `cargo xtask lint`: rustfmt's check, then clippy on the host workspace with warnings as
-//! errors (CI runs it before the tests, to fail early).
+//! `cargo xtask lint`: rustfmt's check, the size of the library's files, then clippy on the
+//! host workspace with warnings as errors, functions over clippy.toml's 120 lines among them
+//! (CI runs it before the tests, to fail early).
 
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result};
 
@@ -17,6 +18,7 @@ pub fn run() -> Result<()> {
             .args(["fmt", "--all", "--check"]),
     )
     .context("cargo fmt --all --check found unformatted code: run `cargo fmt --all`")?;
+    file_sizes(&root.join("tracer-user/src"))?;
     // tracer-ebpf targets bpfel with nightly (tracer-user's build.rs builds it, and with it
     // the eBPF toolchain, which build::cargo installs first): the host workspace is the rest.
     setup::status(build::cargo()?.current_dir(&root).args([
@@ -29,8 +31,40 @@ pub fn run() -> Result<()> {
         "--",
         "-D",
         "warnings",
+        // Its threshold is clippy.toml's: lines of code, comments and blank lines aside.
+        "-D",
+        "clippy::too_many_lines",
     ]))
     .context("clippy found warnings")
+}
+
+/// The longest a file of the library may be: one job a file.
+const MAX_FILE_LINES: usize = 700;
+
+/// Every `.rs` file below `dir` within [`MAX_FILE_LINES`].
+fn file_sizes(dir: &Path) -> Result<()> {
+    let mut long = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let lines = std::fs::read_to_string(&path)?.lines().count();
+                if lines > MAX_FILE_LINES {
+                    long.push(format!("{} ({lines} lines)", path.display()));
+                }
+            }
+        }
+    }
+    if !long.is_empty() {
+        anyhow::bail!(
+            "files over {MAX_FILE_LINES} lines (split them by job): {}",
+            long.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn cargo() -> std::ffi::OsString {
