@@ -123,7 +123,6 @@ impl Correlator {
             .and_then(|p| p.fds.values().next().map(|f| f.how));
         let held = self.holders.group_died(pid);
         self.holder_walked(&holds_for, &held, pid);
-        let walked = held.clone();
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
             Some(id) => Some(id),
@@ -212,7 +211,7 @@ impl Correlator {
             }
             if let Role::AliasOf(owner) = role {
                 // It held those files unseen until now: the owner's holder, found at its death.
-                self.unseen_holder_died(owner, pid, ppid, comm, &walked, t_ns);
+                self.unseen_holder_died(owner, id, ppid, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
                 self.watch_death(id, pid, t_ns, role, &files);
@@ -423,28 +422,31 @@ impl Correlator {
         self.kernel_released(id, e.ts_ns);
     }
 
-    /// `pid` died holding files of `owner`'s, which had references nobody known accounted for.
-    fn unseen_holder_died(
-        &mut self,
-        owner: u64,
-        pid: u32,
-        ppid: u32,
-        comm: &str,
-        held: &[HeldFile],
-        t_ns: u64,
-    ) {
+    /// The process of case `id` died holding files of `owner`'s, which had references nobody
+    /// known accounted for: its walk's descriptors were some of them.
+    fn unseen_holder_died(&mut self, owner: u64, id: u64, ppid: u32, t_ns: u64) {
+        let Some(dead) = self.cases.get(&id) else {
+            return;
+        };
+        let pid = dead.inc.target.pid;
+        let wanted = self
+            .cases
+            .get(&owner)
+            .is_some_and(|c| c.unaccounted.any() && !c.holder_gone.contains_key(&pid));
+        if !wanted {
+            return;
+        }
+        let comm = dead.inc.target.comm.clone();
+        let held: Vec<HeldFile> = dead.inc.gpu.iter().flat_map(|g| g.files.clone()).collect();
         let Some(c) = self.cases.get_mut(&owner) else {
             return;
         };
-        if !c.unaccounted.any() || c.holder_gone.contains_key(&pid) {
-            return;
-        }
-        c.unaccounted.found_in(held);
+        c.unaccounted.found_in(&held);
         let fds = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
         c.holder_gone.insert(pid, None);
         c.fd_holders.push(Holder {
             pid,
-            comm: comm.to_string(),
+            comm,
             ppid,
             fds,
             how: How::Seen { t_ns },
