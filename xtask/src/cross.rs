@@ -12,11 +12,15 @@ use crate::{build, setup, vm};
 
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 const GCC: &str = "aarch64-linux-gnu-gcc";
+/// A header of libc6-dev-arm64-cross.
+const LIBC_HEADER: &str = "/usr/aarch64-linux-gnu/include/stdio.h";
 
 /// `cargo SUBCOMMAND --target aarch64-unknown-linux-gnu` with the cross linker and compiler,
 /// installed first where they are missing.
 pub fn cargo(subcommand: &str) -> Result<Command> {
-    if setup::which(GCC).is_none() {
+    // The compiler alone is not enough (the VM's tools install it without the C library's
+    // headers, a mere recommendation of its package): ring's C needs both.
+    if setup::which(GCC).is_none() || !std::path::Path::new(LIBC_HEADER).exists() {
         vm::install(&["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"])?;
     }
     let rustup = Command::new("rustup")
