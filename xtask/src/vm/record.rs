@@ -31,7 +31,8 @@ pub fn line(guest: Guest, name: &str, kernel: &Kernel) -> Result<String> {
 }
 
 /// Says which of `used` (lines of [`line`]) differ from the record in `root` (the workspace),
-/// and writes them to `target/vm/kernels-used-ARCH.txt` beside the kernels, for a new record.
+/// and writes them to `kernels-used-ARCH.txt` beside the kernels (`target/vm`, or its `arm64`
+/// folder), for a new record.
 pub fn compare(root: &Path, dir: &Path, guest: Guest, used: &[String]) {
     let recorded = fs::read_to_string(root.join(RECORDED)).unwrap_or_default();
     let key = |l: &str| l.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
