@@ -362,6 +362,7 @@ impl Metrics {
         }
         let changed = !change.touched.is_empty();
         let mut gpus: Vec<String> = change.touched.iter().map(|l| l.gpu.gpu.clone()).collect();
+        gpus.sort();
         gpus.dedup();
         for labels in change.touched {
             self.refresh(&labels, 1.0);

@@ -51,11 +51,11 @@ impl Unseen {
         self.0.retain(|f, n| *n > 0 && keep(*f));
     }
 
-    /// A later walk counted the references to `fresh`'s files again: its counts replace the
-    /// earlier ones of those files.
-    pub fn recount(&mut self, fresh: Unseen) {
+    /// A later walk counted the references to `files` again (`fresh`, which leaves out those
+    /// it found none unseen on): its counts replace the earlier ones of those files.
+    pub fn recount(&mut self, files: &[FileId], fresh: Unseen) {
+        self.0.retain(|f, _| !files.contains(f));
         self.0.extend(fresh.0);
-        self.0.retain(|_, n| *n > 0);
     }
 
     /// Each file's count is at most `other`'s (a search found holders of some).

@@ -566,8 +566,7 @@ impl Correlator {
             }
             let counted: Vec<FileId> = theirs.iter().map(|h| h.file).collect();
             if let Some(c) = self.cases.get_mut(id) {
-                c.unaccounted.retain(|f| !counted.contains(&f));
-                c.unaccounted.recount(fresh);
+                c.unaccounted.recount(&counted, fresh);
             }
             self.keep_unseen(*id);
         }
