@@ -191,6 +191,11 @@ pub struct Target {
 impl Target {
     /// Starts one and waits until all its threads exist. `on_term`: default, survive or exit.
     pub fn start(threads: u32, on_term: &str) -> Self {
+        Self::start_with(threads, on_term, &[])
+    }
+
+    /// [`Target::start`] with more arguments for `linger __target`.
+    pub fn start_with(threads: u32, on_term: &str, more: &[&str]) -> Self {
         let child = linger()
             .args([
                 "__target",
@@ -199,6 +204,7 @@ impl Target {
                 "--on-term",
                 on_term,
             ])
+            .args(more)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()

@@ -35,7 +35,11 @@ wire_struct! {
         target_tid: u32 = 20,
         /// `signal->nr_threads` of the target when the signal was generated.
         target_threads: u32 = 24,
-        _pad: u32 = 28,
+        /// SIGCHLD only: `signal->nr_threads` of the sender's group (0: not read, as in
+        /// recordings made before it was). 1 when the group's last thread tells the parent
+        /// the group is a zombie; more when a thread hands a zombie child of its own to a
+        /// subreaper while others of its group still exit.
+        sender_threads: u32 = 28,
         /// Group leader comm of the sender and of the target.
         sender_comm: [u8; COMM_LEN] = 32,
         target_comm: [u8; COMM_LEN] = 48,

@@ -115,6 +115,9 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
         e.target_pid = target_pid;
         e.target_tid = target.pid();
         e.target_threads = target.nr_threads();
+        if sig == SIGCHLD {
+            e.sender_threads = sender.nr_threads();
+        }
         e.sender_comm = sender.group_leader().comm();
         e.target_comm = target.group_leader().comm();
     });

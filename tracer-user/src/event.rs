@@ -84,6 +84,10 @@ pub enum EventData {
         target_pid: u32,
         target_tid: u32,
         target_threads: u32,
+        /// SIGCHLD: the sender's group's thread count (0: not recorded). 1: the group's
+        /// own zombie notification.
+        #[serde(default)]
+        sender_threads: u32,
         sender_comm: String,
         target_comm: String,
     },

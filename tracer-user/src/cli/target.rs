@@ -33,6 +33,10 @@ pub struct Args {
     /// user's process can: tests show that such names reach no output raw.
     #[arg(long)]
     name: Option<OsString>,
+    /// Start a child that exits at once and is never reaped (printed as `child PID` after
+    /// `ready`): dying, the process hands that zombie to a subreaper, which a SIGCHLD tells.
+    #[arg(long)]
+    zombie_child: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -49,8 +53,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             thread::park();
         });
     }
+    // Never waited for: it stays a zombie child of this process.
+    let child = args
+        .zombie_child
+        .then(|| std::process::Command::new("/bin/true").spawn())
+        .transpose()?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {}", std::process::id())?;
+    if let Some(child) = &child {
+        writeln!(out, "child {}", child.id())?;
+    }
     out.flush()?;
     drop(out);
     loop {

@@ -126,6 +126,7 @@ fn signal_generate(p: c::SignalGenerate) -> EventData {
         target_pid: p.target_pid,
         target_tid: p.target_tid,
         target_threads: p.target_threads,
+        sender_threads: p.sender_threads,
         sender_comm: comm(&p.sender_comm),
         target_comm: comm(&p.target_comm),
     }

@@ -222,12 +222,13 @@ impl Correlator {
                 result,
                 target_pid,
                 target_threads,
+                sender_threads,
                 sender_comm,
                 target_comm,
                 ..
             } => {
                 if *sig == SIGCHLD {
-                    self.zombie(e, (*target_pid, target_comm.clone()));
+                    self.zombie(e, *sender_threads, (*target_pid, target_comm.clone()));
                 } else {
                     let sender = sender_of(e, *code, sender_comm);
                     let target = Target {

@@ -137,6 +137,11 @@ fn a_sigchld_from_another_thread_of_a_dying_group_is_not_its_zombie() {
 }
 
 fn sigchld() -> EventData {
+    sigchld_with(0)
+}
+
+/// A SIGCHLD whose sender's group had `sender_threads` threads (0: a recording without it).
+fn sigchld_with(sender_threads: u32) -> EventData {
     EventData::SignalGenerate {
         sig: 17,
         code: 2,
@@ -145,6 +150,7 @@ fn sigchld() -> EventData {
         target_pid: SHELL,
         target_tid: SHELL,
         target_threads: 1,
+        sender_threads,
         sender_comm: "python3".into(),
         target_comm: "bash".into(),
     }
@@ -184,4 +190,30 @@ fn reap(pid: u32) -> EventData {
         by_wait: true,
         comm: "bash".into(),
     }
+}
+
+/// The thread that ends a group (the last to begin its exit) need not be the last to leave:
+/// here the leader, slower through its exit, closes the files and tells the parent. Its
+/// SIGCHLD with one thread left is the zombie; the one before, with three, handed a child on.
+#[test]
+fn the_group_s_last_thread_tells_its_zombie_whichever_thread_ended_it() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.feed_tid(10, 12, 100.05, fd(FdOp::HeldAtExit, 3, FILE));
+    let exit = EventData::TaskExit {
+        exit_code: 9,
+        group_dead: true,
+        comm: "python3".into(),
+    };
+    r.feed_tid(10, 12, 100.05, exit);
+    r.feed_tid(10, 10, 150.0, sigchld_with(3));
+    r.feed_tid(10, 10, 243.0, sigchld_with(1));
+    r.feed(SHELL, 243.2, reap(10));
+    r.tick(300.0);
+    let inc = r.last_of(10);
+    assert_eq!(inc.t_zombie_ns, Some(243 * MS));
+    let gpu = inc.gpu.clone().expect("gpu");
+    assert_eq!(gpu.t_memory_back_ns, Some(243 * MS));
+    assert_eq!(gpu.memory_back_by, Some(Source::Kernel));
 }

@@ -84,6 +84,7 @@ impl Run {
                 target_pid: target,
                 target_tid: target,
                 target_threads: 2,
+                sender_threads: 0,
                 sender_comm: "bash".into(),
                 target_comm: "python3".into(),
             },
