@@ -542,3 +542,19 @@ impl Drop for FdScenario {
         let _ = self.child.wait();
     }
 }
+
+/// What a replay by this build adds to a record that `logged` (printed by the build that
+/// recorded it) predates: the window of the memory's return (`gpu.t_memory_held_until_ns`,
+/// and the evidence line that states it), added 2026-12-06. Taken out of `replayed` where
+/// `logged` has no such field, so that replay = live holds for older recordings.
+pub fn without_newer_window(replayed: &mut Value, logged: &Value) {
+    if logged["gpu"].get("t_memory_held_until_ns").is_some() {
+        return;
+    }
+    if let Some(gpu) = replayed.get_mut("gpu").and_then(Value::as_object_mut) {
+        gpu.remove("t_memory_held_until_ns");
+        if let Some(Value::Array(lines)) = gpu.get_mut("evidence") {
+            lines.retain(|l| !l.as_str().is_some_and(|l| l.starts_with("back between +")));
+        }
+    }
+}

@@ -15,11 +15,14 @@ usage: check.py DIR [--agent lean] [--incidents FILE] [--until NS] [--lean]
 Who held a job's memory when each of its processes died comes from when each one's life ended:
 the child's own EXIT line (its last act before _exit), the harness's SIGKILL, or its reap. Ends
 within AMBIGUOUS_NS of each other cannot be ordered from outside, and either answer is right.
-A job's memory is back when the last process holding it at its death was reaped (the driver
-frees it in that process's exit, before its zombie transition): a release within WITHIN_NS of
-that reap is right, and so is one within WITHIN_NS of NVML's own interval for it (soak.py's
-poll, stamped at each reading's start and end), since the rest of an exit can outlast the
-memory's return, or, for a job that exited normally, one between its EXIT line and its reap.
+A job's memory is back, by the GPU's own account, between the start of the last reading of the
+soak's NVML poll that still listed the last process holding it and the end of the first that
+did not. A release is right inside that interval, widened by nothing, or outside it when the
+incident states a window (t_memory_held_until_ns to t_memory_back_ns) that holds part of it:
+the incident then says it cannot place the return closer. Only a job no reading brackets is
+held to the harness's clocks: within WITHIN_NS of the reap of its last holder (the driver frees
+in that process's exit, before its zombie transition), or for a job that exited normally,
+between its EXIT line and its reap.
 """
 import argparse, json, os, statistics, sys
 
@@ -148,19 +151,46 @@ def judge_job(job, incidents, lean):
         wrong.append(f"verdict {verdict} (want {sorted(allowed)})")
     if not sure <= got <= sure | either:
         wrong.append(f"holders {sorted(got)} (want {sorted(sure)} and maybe {sorted(either)})")
-    back = (inc.get("gpu") or {}).get("t_memory_back_ns")
-    gpu_says = job.nvml_interval()
-    inside = back is not None and gpu_says is not None and \
-        gpu_says[0] - WITHIN_NS <= back <= gpu_says[1] + WITHIN_NS
-    # A job that exited normally said when (its last act): its memory came back between then
-    # and its reap.
-    exited = job.row.get("t_end_ns", {}).get(str(job.pid))
-    inside |= back is not None and exited is not None and exited <= back <= t_back
-    if back is None or (abs(back - t_back) > WITHIN_NS and not inside):
-        wrong.append("no release" if back is None else
-                     f"release {(back - t_back) / 1e6:+.1f} ms off the reap, "
-                     f"outside NVML's {interval_text(gpu_says, t_back)}")
+    complaint = release_complaint(job, inc, t_back)
+    if complaint:
+        wrong.append(complaint)
     return wrong, inc
+
+
+def placement(job, inc):
+    """Where the incident's release falls against the GPU's own interval (widened by
+    nothing): "inside" it; "window" when outside, but the window the incident states
+    (t_memory_held_until_ns to t_memory_back_ns) holds part of it, so the incident says it
+    cannot place the return closer; "early" or "late" otherwise; None without an interval."""
+    gpu = (inc or {}).get("gpu") or {}
+    back, held = gpu.get("t_memory_back_ns"), gpu.get("t_memory_held_until_ns")
+    interval = job.nvml_interval()
+    if back is None or interval is None:
+        return None
+    if interval[0] <= back <= interval[1]:
+        return "inside"
+    if back < interval[0]:
+        return "early"
+    return "window" if held is not None and held <= interval[1] else "late"
+
+
+def release_complaint(job, inc, t_back):
+    """What is wrong with a job's reported release: judged against the GPU's interval where
+    the soak's poll gives one, else against the harness's clocks (the reap, or for a job that
+    exited normally its EXIT line to its reap)."""
+    back = (inc.get("gpu") or {}).get("t_memory_back_ns")
+    if back is None:
+        return "no release"
+    where = placement(job, inc)
+    if where in ("inside", "window"):
+        return None
+    if where is not None:
+        return (f"release {(back - t_back) / 1e6:+.1f} ms off the reap, {where}: outside NVML's "
+                f"{interval_text(job.nvml_interval(), t_back)} and any window the incident states")
+    exited = job.row.get("t_end_ns", {}).get(str(job.pid))
+    if abs(back - t_back) <= WITHIN_NS or (exited is not None and exited <= back <= t_back):
+        return None
+    return f"release {(back - t_back) / 1e6:+.1f} ms off the reap (no NVML interval)"
 
 
 def interval_text(interval, t_back):
@@ -242,7 +272,7 @@ def main():
     print(f"jobs {len(jobs)} ({kills} killed, {failed} failed to start), {deaths} deaths judged, "
           f"{summary['workers']} workers, rate {summary['rate']}/s, lean {bool(lean)}")
     bad = sum(len(v) for v in wrong.values())
-    print(f"right (verdict, holders, release within {WITHIN_NS / 1e6:.0f} ms): {deaths - bad} of {deaths}")
+    print(f"right (verdict, holders, release placed): {deaths - bad} of {deaths}")
     for (kind, who), cases in sorted(wrong.items(), key=lambda kv: -len(kv[1])):
         print(f"  {kind} {who}: {len(cases)} wrong")
         for pid, complaints in cases[:a.show]:
@@ -275,31 +305,39 @@ def interval_report(jobs, incidents):
     """Where each job's reported release falls against NVML's own interval for it (soak.py's
     poll, each reading stamped at its start and end: back after the start of the last reading
     that listed the last holder, before the end of the first that did not), by the source the
-    incident gives: inside it, early, or late, widened by nothing."""
+    incident gives (`placement`), with the interval's median width and that of the windows
+    the incidents state for the releases outside it."""
     by_source = {}
     for job in jobs:
-        interval = job.nvml_interval()
         inc = incident_of(job.pid, job.row["t_start_ns"], job.last_end, incidents)
-        back = ((inc or {}).get("gpu") or {}).get("t_memory_back_ns")
-        if interval is None or back is None:
+        where = placement(job, inc)
+        if where is None:
             continue
-        source = inc["gpu"].get("memory_back_by") or "none"
-        row = by_source.setdefault(source, {"inside": 0, "early": [], "late": [], "width": []})
+        gpu, interval = inc["gpu"], job.nvml_interval()
+        row = by_source.setdefault(gpu.get("memory_back_by") or "none", {
+            "inside": 0, "window": [], "early": [], "late": [], "width": []})
         row["width"].append(interval[1] - interval[0])
-        if back < interval[0]:
+        back = gpu["t_memory_back_ns"]
+        if where == "inside":
+            row["inside"] += 1
+        elif where == "early":
             row["early"].append(interval[0] - back)
-        elif back > interval[1]:
+        elif where == "late":
             row["late"].append(back - interval[1])
         else:
-            row["inside"] += 1
+            row["window"].append(back - gpu["t_memory_held_until_ns"])
     if not by_source:
         return
-    print("releases against NVML's interval (source: inside / early / late, the interval's median width)")
+    print("releases against NVML's interval (source: inside / outside it in the window the "
+          "incident states / early / late, the interval's median width)")
     for source, row in sorted(by_source.items()):
-        n = row["inside"] + len(row["early"]) + len(row["late"])
+        n = row["inside"] + len(row["window"]) + len(row["early"]) + len(row["late"])
         worst = lambda v: f" (max {max(v) / 1e6:.1f} ms)" if v else ""
-        print(f"  {source}: {n} releases, {row['inside']} inside, {len(row['early'])} early"
-              f"{worst(row['early'])}, {len(row['late'])} late{worst(row['late'])}; width "
+        window = (f" (its width: median {statistics.median(row['window']) / 1e6:.1f} ms, "
+                  f"max {max(row['window']) / 1e6:.1f} ms)" if row["window"] else "")
+        print(f"  {source}: {n} releases, {row['inside']} inside, {len(row['window'])} in a "
+              f"stated window{window}, {len(row['early'])} early{worst(row['early'])}, "
+              f"{len(row['late'])} late{worst(row['late'])}; width "
               f"{statistics.median(row['width']) / 1e6:.1f} ms")
 
 

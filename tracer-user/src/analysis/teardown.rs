@@ -70,6 +70,9 @@ const HOST_MEMORY: [&str; 4] = [
     "shmem_undo_range",
 ];
 
+/// Frames of the driver freeing a file's RM clients, whose memory the device still counts.
+const RM_CLIENT_FREE: [&str; 2] = ["rm_cleanup_file_private", "nvidia_close"];
+
 /// Frames of a release the driver handed to its own thread.
 const DEFERRED_RELEASE: [&str; 2] = ["nvidia_close_deferred", "uvm_release_deferred"];
 
@@ -278,6 +281,29 @@ impl TeardownLog {
             .iter()
             .find(|(_, _, comm)| comm.starts_with("UVM deferred"))
             .map(|(_, tid, comm)| format!("it handed its release to {comm}[{tid}]"))
+    }
+
+    /// The last sample within `[from, to]` of a thread of the process inside the driver's
+    /// free of its RM clients: its memory was not all back before then. Any thread: the one
+    /// that closes the files last need not be the one that ended the group.
+    pub fn last_rm_client_free(
+        &self,
+        stacks: &IdMap<i32, Stack>,
+        from: u64,
+        to: u64,
+    ) -> Option<u64> {
+        self.samples
+            .iter()
+            .filter(|s| (from..=to).contains(&s.t_ns))
+            .filter(|s| {
+                stacks.get(&s.stack_id).is_some_and(|st| {
+                    st.frames
+                        .iter()
+                        .any(|f| RM_CLIENT_FREE.iter().any(|r| f.starts_with(r)))
+                })
+            })
+            .map(|s| s.t_ns)
+            .max()
     }
 
     /// The hooked release within `[from, to]`, if the hooks saw one.

@@ -205,6 +205,11 @@ impl Correlator {
         inc.holders = self.holders_of_case(c, w);
         let mut evidence = self.share_evidence(c, w, pid);
         evidence.extend(self.release_evidence(inc, back, c.kernel_release));
+        let held = back.and_then(|(b, _)| self.held_until(c, w, b));
+        // Where the moment is the kernel's upper bound, the window says how far it may be off.
+        if let (Some(h), Some((b, Source::Confirmed | Source::Kernel))) = (held, back) {
+            evidence.push(window_evidence(inc, h, b));
+        }
         let gpu = inc.gpu.get_or_insert_with(Default::default);
         if let Some((share, from)) = w.and_then(|w| w.share()) {
             gpu.share_bytes = share;
@@ -233,6 +238,7 @@ impl Correlator {
         gpu.unaccounted_references = c.unaccounted.total();
         gpu.t_memory_back_ns = back.map(|b| b.0);
         gpu.memory_back_by = back.map(|b| b.1);
+        gpu.t_memory_held_until_ns = held.map(|h| h.0);
         let held_elsewhere = !c.fd_holders.is_empty()
             || c.unaccounted.any()
             || w.is_some_and(|w| w.residuals().next().is_some());
@@ -272,6 +278,27 @@ impl Correlator {
         }
         evidence.extend(placement_evidence(&c.ledger_parts, &gpu.gpus));
         gpu.evidence = evidence;
+    }
+
+    /// The last moment a victim's own memory was surely still held, and what says so: its
+    /// death or a holder's (none lets go before its exit), or later a sampled thread of one of
+    /// them inside the driver's free of its RM clients.
+    fn held_until(&self, c: &Case, w: Option<&Watch>, back: u64) -> Option<(u64, bool)> {
+        if !w.is_some_and(|w| matches!(w.role, Role::Own { .. })) {
+            return None;
+        }
+        let dead = c.inc.t_group_dead_ns?.min(back);
+        let deaths = c.fd_holders.iter().filter_map(|h| h.t_dead_ns);
+        let died = deaths.filter(|&t| t <= back).fold(dead, u64::max);
+        let pids = std::iter::once(c.inc.target.pid).chain(c.fd_holders.iter().map(|h| h.pid));
+        let freeing = pids
+            .filter_map(|pid| self.teardown.get(&pid))
+            .filter_map(|log| log.last_rm_client_free(&self.stacks, dead, back))
+            .max();
+        Some(match freeing {
+            Some(t) if t >= died => (t, true),
+            _ => (died, false),
+        })
     }
 
     /// Each GPU of the case's memory (its own, or its owner's for an alias) and of its
@@ -571,6 +598,21 @@ impl Correlator {
 /// Where the ledger's GPUs and NVML's disagree, or the ledger could not place memory on a
 /// GPU, in words: each GPU's share is NVML's where NVML lists the process, the ledger's where
 /// only the ledger saw memory.
+/// Where the memory's return lies, when linger cannot place it closer than its bounds.
+fn window_evidence(inc: &Incident, (held, freeing): (u64, bool), back: u64) -> String {
+    format!(
+        "back between +{:.1} and +{:.1} ms: still held at the first ({}), and no moment \
+         before the second that linger saw says it was back",
+        inc.ms_after_signal(held),
+        inc.ms_after_signal(back),
+        if freeing {
+            "a thread of it was in the driver's free of its RM clients"
+        } else {
+            "its death"
+        }
+    )
+}
+
 fn placement_evidence(ledger: &[LedgerPart], parts: &[GpuPart]) -> Vec<String> {
     let mut out = Vec::new();
     for l in ledger.iter().filter(|l| l.gpu.is_none()) {

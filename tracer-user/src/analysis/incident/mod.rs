@@ -224,6 +224,11 @@ pub struct GpuImpact {
     pub t_memory_back_ns: Option<u64>,
     /// What decided `t_memory_back_ns`.
     pub memory_back_by: Option<Source>,
+    /// The last moment linger saw the memory still held: the group's death, or later a
+    /// sampled thread of it inside the driver's free of its RM clients. The memory came back
+    /// between this and `t_memory_back_ns`, an upper bound (the rest of an exit, or the next
+    /// NVML reading, can come tens of milliseconds after the device's own return).
+    pub t_memory_held_until_ns: Option<u64>,
     /// Bytes of its share seen back so far (less than the share while importers hold some).
     pub released_bytes: u64,
     /// When the target's own last reference to its GPU files went (its exit path's release).
