@@ -1,7 +1,10 @@
 //! deploy/slurm's epilog and undrain check on a real single-node Slurm (Debian's slurm-wlm
 //! and munge, which `cargo xtask test` installs): munged, slurmctld and slurmd started here
-//! on a configuration of the test's own, with a stand-in GPU device (a node for /dev/full) as
-//! the node's one GPU gres.
+//! on a configuration of the test's own, with two stand-in GPU devices (nodes for /dev/full
+//! and /dev/zero, `gpu0` and `gpu1`) as the node's GPU gres. Twice: with `proctrack/pgid` and
+//! `task/none` (Slurm's defaults), and as GPU clusters run it, `proctrack/cgroup` and
+//! `task/cgroup` constraining the devices (cgroup v1 here: this machine's controllers are v1;
+//! the GPU machines' pure v2 hierarchy is not available to the tests).
 
 use std::{
     fs,
@@ -14,7 +17,13 @@ use std::{
 };
 
 use linger_tests::{linger_bin, require_root, stand_in_device, Guarded, TempDir};
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::{
+    sys::{
+        signal::Signal,
+        stat::{makedev, mknod, Mode, SFlag},
+    },
+    unistd::Pid,
+};
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
 /// How long the epilog waits for the GPUs: short, the test waits for it.
@@ -26,21 +35,54 @@ fn kit() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm")
 }
 
+/// How Slurm tracks and confines a job's processes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tracking {
+    /// `proctrack/pgid`, `task/none`: a worker that calls setsid leaves the job.
+    Pgid,
+    /// `proctrack/cgroup`, `task/cgroup` with `ConstrainDevices`: the job's cgroup holds
+    /// every process it started, and only its own GPUs' files open.
+    Cgroup,
+}
+
 /// munged, slurmctld and slurmd on a configuration in a temporary directory; jobs cancelled
 /// and daemons stopped when dropped.
 struct Cluster {
     dir: TempDir,
     node: String,
-    device: PathBuf,
+    tracking: Tracking,
+    /// `gpu0` (a node for /dev/full) and `gpu1` (for /dev/zero): distinct devices.
+    devices: [PathBuf; 2],
     /// Processes the test must kill itself (workers that escaped their job).
     escaped: Vec<u32>,
     daemons: Vec<Guarded>,
 }
 
 impl Cluster {
-    fn start() -> Self {
-        let dir = TempDir::new("slurm");
-        let device = stand_in_device(dir.path());
+    /// One cluster at a time: both run on this host's name, ports and munge.
+    fn start(tracking: Tracking) -> (Self, std::sync::MutexGuard<'static, ()>) {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (Self::start_alone(tracking), one)
+    }
+
+    fn start_alone(tracking: Tracking) -> Self {
+        let dir = TempDir::new(match tracking {
+            Tracking::Pgid => "slurm-pgid",
+            Tracking::Cgroup => "slurm-cgroup",
+        });
+        let gpu0 = stand_in_device(dir.path());
+        let gpu1 = dir.path().join("gpu1");
+        mknod(
+            &gpu1,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            makedev(1, 5),
+        )
+        .expect("a node for /dev/zero");
+        let devices = [gpu0, gpu1];
         // slurmctld runs only where SlurmctldHost names the host's short name.
         let node = fs::read_to_string("/proc/sys/kernel/hostname")
             .expect("hostname")
@@ -52,7 +94,8 @@ impl Cluster {
         let mut cluster = Self {
             dir,
             node,
-            device,
+            tracking,
+            devices,
             escaped: Vec::new(),
             daemons: Vec::new(),
         };
@@ -100,6 +143,11 @@ impl Cluster {
         let (d, node) = (self.dir.path().display(), &self.node);
         // As many as slurmd finds: a node configured with more is set down.
         let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        let tracking = match self.tracking {
+            // pgid: a worker that calls setsid leaves the job, as with linuxproc a daemon.
+            Tracking::Pgid => "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\n",
+            Tracking::Cgroup => "ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n",
+        };
         let conf = format!(
             "ClusterName=lingertest\n\
              SlurmctldHost={node}(127.0.0.1)\n\
@@ -109,23 +157,27 @@ impl Cluster {
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\n\
              SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
              SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\n\
-             # pgid: a worker that calls setsid leaves the job, as with linuxproc a daemon.\n\
-             ProctrackType=proctrack/pgid\nTaskPlugin=task/none\n\
+             {tracking}\
              JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
              SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nMpiDefault=none\n\
              GresTypes=gpu\nReturnToService=2\n\
              Epilog={d}/epilog\n\
-             NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:1 State=UNKNOWN\n\
+             NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN\n\
              PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         );
         fs::write(self.dir.join("slurm.conf"), conf).expect("slurm.conf");
+        // Slurm numbers the files by their names' last digits: SLURM_JOB_GPUS says 0 or 1.
         fs::write(
             self.dir.join("gres.conf"),
-            format!("NodeName={node} Name=gpu File={}\n", self.device.display()),
+            format!("NodeName={node} Name=gpu File={d}/gpu[0-1]\n"),
         )
         .expect("gres.conf");
-        // No cgroup plugin is used (proctrack/pgid, task/none): Slurm's own default, said.
-        fs::write(self.dir.join("cgroup.conf"), "CgroupPlugin=autodetect\n").expect("cgroup.conf");
+        let cgroup = match self.tracking {
+            // No cgroup plugin is used (proctrack/pgid, task/none): Slurm's own default, said.
+            Tracking::Pgid => "CgroupPlugin=autodetect\n",
+            Tracking::Cgroup => "CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n",
+        };
+        fs::write(self.dir.join("cgroup.conf"), cgroup).expect("cgroup.conf");
         // The site's wrapper: the kit's epilog with this node's settings.
         let epilog = self.dir.join("epilog");
         fs::write(
@@ -142,11 +194,12 @@ impl Cluster {
         fs::set_permissions(&epilog, fs::Permissions::from_mode(0o755)).expect("epilog mode");
     }
 
-    /// The gate's options here: the stand-in device, and no agent's incident log.
+    /// The gate's options here: the stand-in devices, and no agent's incident log.
     fn wait_args(&self) -> String {
         format!(
-            "--gpu-device {} --state-dir {}",
-            self.device.display(),
+            "--gpu-device {} --gpu-device {} --state-dir {}",
+            self.devices[0].display(),
+            self.devices[1].display(),
             self.path("empty-state")
         )
     }
@@ -194,10 +247,18 @@ impl Cluster {
             .to_string()
     }
 
-    /// Submits the stand-in scenario `name` as a job with the GPU; its job id and the pids
-    /// on its `ready` line.
+    /// Submits the stand-in scenario `name` as a job with one GPU, on the device Slurm gives
+    /// it; its job id and the pids on its `ready` line.
     fn job(&self, name: &str) -> (String, Vec<u32>) {
-        let output = self.path(&format!("{name}.out"));
+        let (id, pids, _) = self.job_on_gpu(name);
+        (id, pids)
+    }
+
+    /// [`Cluster::job`], with the job's SLURM_JOB_GPUS.
+    fn job_on_gpu(&self, name: &str) -> (String, Vec<u32>, String) {
+        static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let output = self.path(&format!("{name}-{n}.out"));
         let out = self.client(
             "sbatch",
             &[
@@ -206,7 +267,10 @@ impl Cluster {
                 "--output",
                 &output,
                 "--wrap",
-                &format!("exec {SCENARIO} {} {name}", self.device.display()),
+                &format!(
+                    "echo gpus $SLURM_JOB_GPUS; exec {SCENARIO} {}/gpu$SLURM_JOB_GPUS {name}",
+                    self.dir.path().display()
+                ),
             ],
         );
         assert!(out.status.success(), "sbatch: {out:?}");
@@ -225,7 +289,12 @@ impl Cluster {
                 .unwrap_or_default();
             !pids.is_empty()
         });
-        (id, pids)
+        let text = fs::read_to_string(&output).unwrap_or_default();
+        let gpus = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gpus "))
+            .unwrap_or("");
+        (id, pids, gpus.to_string())
     }
 
     fn cancel(&self, id: &str) {
@@ -311,7 +380,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns_it() {
     require_root();
-    let mut cluster = Cluster::start();
+    let (mut cluster, _one) = Cluster::start(Tracking::Pgid);
 
     // A job killed with nothing left behind: the node stays up.
     let (clean, _) = cluster.job("held-before");
@@ -354,6 +423,68 @@ fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns
     wait_for("the worker to die", || {
         tracer_user::source::procfs::stat(worker).is_none_or(|s| s.state == 'Z')
     });
+    assert_eq!(cluster.undrain(), cluster.node);
+    wait_for("the node to be back", || cluster.state() == "idle");
+}
+
+/// As GPU clusters run Slurm: the job's cgroup holds the worker that called setsid, and
+/// slurmstepd kills it with the job, so the node stays up. The epilog looks only at the job's
+/// own GPU (SLURM_JOB_GPUS, the number of the gres file): a holder of the other GPU outside any
+/// job leaves a job on the first one clean, and drains the node after a job on its GPU.
+#[test]
+fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_jobs_gpu() {
+    require_root();
+    let (mut cluster, _one) = Cluster::start(Tracking::Cgroup);
+    let (job, pids) = cluster.job("setsid-worker");
+    let worker = pids[1];
+    cluster.escaped.push(worker);
+    cluster.cancel(&job);
+    wait_for("the worker to die with its job", || {
+        tracer_user::source::procfs::stat(worker).is_none_or(|s| s.state == 'Z')
+    });
+    wait_for("the clean job's epilog", || cluster.state() == "idle");
+    assert_eq!(cluster.sinfo("%E"), "none", "{}", cluster.logs());
+
+    // A process outside Slurm holding gpu1, which Slurm knows nothing of.
+    let mut holder = Guarded(
+        Command::new(SCENARIO)
+            .arg(&cluster.devices[1])
+            .arg("held-before")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the holder of gpu1"),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.0.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("the holder's ready line");
+    let outsider = holder.pid();
+    let (on_gpu0, _, gpus) = cluster.job_on_gpu("held-before");
+    assert_eq!(gpus, "0", "the first free GPU");
+    cluster.cancel(&on_gpu0);
+    wait_for("the epilog of the job on gpu0", || {
+        cluster.state() == "idle"
+    });
+    assert_eq!(cluster.sinfo("%E"), "none", "{}", cluster.logs());
+
+    // gpu0 taken by a running job, the next job gets gpu1: its epilog finds the outsider.
+    let (first, _, gpus) = cluster.job_on_gpu("held-before");
+    assert_eq!(gpus, "0");
+    let (second, _, gpus) = cluster.job_on_gpu("held-before");
+    assert_eq!(gpus, "1");
+    cluster.cancel(&second);
+    wait_for("the node to drain", || cluster.state().starts_with("drain"));
+    let reason = cluster.sinfo("%E");
+    assert!(
+        reason.contains(&format!("[{outsider}]"))
+            && reason.ends_with(&format!("(job {second}, gpus 1)")),
+        "the reason names the holder of gpu1, {outsider}: {reason:?}\n{}",
+        cluster.logs()
+    );
+    cluster.cancel(&first);
+    drop(holder);
     assert_eq!(cluster.undrain(), cluster.node);
     wait_for("the node to be back", || cluster.state() == "idle");
 }

@@ -90,8 +90,10 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Treat this char device as a GPU file too (repeatable); it is looked at whatever GPUs
-    /// are named.
+    /// Treat this char device as a GPU file too (repeatable). Where GPUs are named by device
+    /// number (`SLURM_JOB_GPUS`), one whose name ends in a number is that GPU's file, looked
+    /// at only when it is named (as Slurm numbers gres.conf's `File=`); any other is looked at
+    /// whatever GPUs are named.
     #[arg(long = "gpu-device", value_name = "PATH")]
     gpu_devices: Vec<PathBuf>,
     /// The agent's state directory: its incident log says who holds a dead process's memory
@@ -127,7 +129,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let known = known_gpus(&reader, &mut notes);
     let discovered = GpuDevices::discover(&args.gpu_devices)?;
     let (gpu_scope, gpus_from) = gpu_scope(&args)?;
-    let scoped = scope_gpus(gpu_scope.as_deref(), &known, &discovered)?;
+    let files: Vec<(PathBuf, u32)> = args
+        .gpu_devices
+        .iter()
+        .cloned()
+        .zip(discovered.devs.iter().copied())
+        .collect();
+    let scoped = scope_gpus(gpu_scope.as_deref(), &known, &discovered, &files)?;
     if !scoped.unresolved.is_empty() {
         notes.push(format!(
             "not found on this machine, so not looked at: {}",
@@ -224,11 +232,13 @@ struct ScopedGpus {
     unresolved: Vec<String>,
 }
 
-/// Every GPU when none is named; else those named that are here (an error when none is).
+/// Every GPU when none is named; else those named that are here (an error when none is), with
+/// the `--gpu-device` files they take (`files`, path and device).
 fn scope_gpus(
     named: Option<&[GpuRef]>,
     known: &[Identity],
     discovered: &GpuDevices,
+    files: &[(PathBuf, u32)],
 ) -> anyhow::Result<ScopedGpus> {
     let Some(refs) = named else {
         return Ok(ScopedGpus {
@@ -239,9 +249,18 @@ fn scope_gpus(
         });
     };
     let (found, unresolved) = gpus::resolve(refs, known);
+    let (devs, answered) = gpus::named_files(refs, files);
+    let unresolved: Vec<String> = unresolved
+        .into_iter()
+        .filter(|u| {
+            !answered
+                .iter()
+                .any(|n| *u == gpus::describe(&GpuRef::Minor(*n)))
+        })
+        .collect();
     let extra = GpuDevices {
         majors: Vec::new(),
-        devs: discovered.devs.clone(),
+        devs,
     };
     if found.is_empty() && extra.devs.is_empty() {
         anyhow::bail!(

@@ -2,7 +2,10 @@
 //! as NVML indices (for its readings) and as device files (`/dev/nvidiaN`, for the look at who
 //! holds them). Devices named with `--gpu-device` always count.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use tracer_common::driver::mkdev;
 use tracer_user::{
@@ -128,12 +131,47 @@ pub fn resolve(refs: &[GpuRef], known: &[Identity]) -> (Vec<Identity>, Vec<Strin
     (found, unresolved)
 }
 
-fn describe(r: &GpuRef) -> String {
+pub fn describe(r: &GpuRef) -> String {
     match r {
         GpuRef::Index(n) => format!("GPU index {n}"),
         GpuRef::Minor(n) => format!("/dev/nvidia{n}"),
         GpuRef::Uuid(u) => u.clone(),
     }
+}
+
+/// The number a device file's name ends in (`nvidia3`, `gpu1`): Slurm numbers the files of
+/// a gres by it (`SLURM_JOB_GPUS`), as the NVIDIA driver numbers `/dev/nvidiaN` by minor.
+pub fn file_number(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    name[stem.len()..].parse().ok()
+}
+
+/// The `--gpu-device` files (path, device) the named GPUs take, and the device numbers they
+/// answered: where GPUs are named by device number (`SLURM_JOB_GPUS`), a file whose name ends
+/// in a number is that GPU's file and counts only when it is named (a file may stand for a
+/// GPU NVML does not know); any other file always counts.
+pub fn named_files(refs: &[GpuRef], files: &[(PathBuf, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let minors: Vec<u32> = refs
+        .iter()
+        .filter_map(|r| match r {
+            GpuRef::Minor(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    let mut devs = Vec::new();
+    let mut answered = Vec::new();
+    for (path, dev) in files {
+        match file_number(path).filter(|_| !minors.is_empty()) {
+            Some(n) if minors.contains(&n) => {
+                devs.push(*dev);
+                answered.push(n);
+            }
+            Some(_) => {}
+            None => devs.push(*dev),
+        }
+    }
+    (devs, answered)
 }
 
 /// The device files of `gpus` (`/dev/nvidiaN`: the NVIDIA major, their minors) and `extra`.
@@ -222,6 +260,23 @@ mod tests {
         ] {
             assert!(from_environment(env(vars)).is_err(), "{vars:?}");
         }
+    }
+
+    #[test]
+    fn numbered_device_files_count_only_for_the_gpus_named_by_number() {
+        let files = [
+            (PathBuf::from("/run/gres/gpu0"), 7),
+            (PathBuf::from("/run/gres/gpu1"), 5),
+            (PathBuf::from("/dev/nvidiactl"), 9),
+        ];
+        assert_eq!(file_number(Path::new("/dev/nvidia12")), Some(12));
+        assert_eq!(file_number(Path::new("/dev/nvidiactl")), None);
+        assert_eq!(
+            named_files(&[GpuRef::Minor(1)], &files),
+            (vec![5, 9], vec![1])
+        );
+        // Named otherwise (index, UUID): every file counts, as it always did.
+        assert_eq!(named_files(&[GpuRef::Index(1)], &files).0, vec![7, 5, 9]);
     }
 
     #[test]
