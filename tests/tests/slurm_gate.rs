@@ -334,6 +334,21 @@ impl Cluster {
         assert!(out.status.success(), "linger-unkillable: {out:?}");
     }
 
+    /// What the run was on, for the test's closing line: the plugins configured and this
+    /// machine's cgroup hierarchy.
+    fn plugins(&self) -> String {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        format!(
+            "ran with {}; cgroups: {}",
+            match self.tracking {
+                Tracking::Pgid => "ProctrackType=proctrack/pgid, TaskPlugin=task/none",
+                Tracking::Cgroup =>
+                    "ProctrackType=proctrack/cgroup, TaskPlugin=task/cgroup, CgroupPlugin=cgroup/v1",
+            },
+            if v2 { "v2" } else { "v1 controllers (hybrid)" }
+        )
+    }
+
     /// The daemons' logs, for a failure's message.
     fn logs(&self) -> String {
         ["slurmctld.log", "slurmd.log"]
@@ -425,6 +440,7 @@ fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns
     });
     assert_eq!(cluster.undrain(), cluster.node);
     wait_for("the node to be back", || cluster.state() == "idle");
+    println!("{}", cluster.plugins());
 }
 
 /// As GPU clusters run Slurm: the job's cgroup holds the worker that called setsid, and
@@ -434,10 +450,21 @@ fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns
 #[test]
 fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_jobs_gpu() {
     require_root();
+    // Slurm 22.05's cgroup/v2 needs systemd to make its scope; this test configures v1.
+    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        println!("no cgroup v1 freezer here: proctrack/cgroup not tried, the pgid run stays");
+        return;
+    }
     let (mut cluster, _one) = Cluster::start(Tracking::Cgroup);
     let (job, pids) = cluster.job("setsid-worker");
     let worker = pids[1];
     cluster.escaped.push(worker);
+    // proctrack/cgroup put the worker in the job's cgroup, setsid or not.
+    let cgroups = fs::read_to_string(format!("/proc/{worker}/cgroup")).unwrap_or_default();
+    assert!(
+        cgroups.contains(&format!("/job_{job}/")),
+        "the worker in job {job}'s cgroup: {cgroups}"
+    );
     cluster.cancel(&job);
     wait_for("the worker to die with its job", || {
         tracer_user::source::procfs::stat(worker).is_none_or(|s| s.state == 'Z')
@@ -487,4 +514,5 @@ fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_j
     drop(holder);
     assert_eq!(cluster.undrain(), cluster.node);
     wait_for("the node to be back", || cluster.state() == "idle");
+    println!("{}", cluster.plugins());
 }
