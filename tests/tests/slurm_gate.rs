@@ -26,6 +26,7 @@ use nix::{
 };
 
 const SCENARIO: &str = env!("CARGO_BIN_EXE_linger-fd-scenario");
+const STUCK_FUSE: &str = env!("CARGO_BIN_EXE_linger-stuck-fuse");
 /// How long the epilog waits for the GPUs: short, the test waits for it.
 const EPILOG_TIMEOUT: &str = "3s";
 /// The longest any Slurm state change here is waited for.
@@ -56,23 +57,25 @@ struct Cluster {
     /// Processes the test must kill itself (workers that escaped their job).
     escaped: Vec<u32>,
     daemons: Vec<Guarded>,
+    /// Held until everything above is dropped.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
-    /// One cluster at a time: both run on this host's name, ports and munge.
-    fn start(tracking: Tracking) -> (Self, std::sync::MutexGuard<'static, ()>) {
+    /// One cluster at a time: each runs on this host's name, and the next starts once the
+    /// last one's daemons are stopped and its directory gone (the guard is dropped last).
+    fn start(tracking: Tracking) -> Self {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let one = ONE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (Self::start_alone(tracking), one)
+        Self::start_alone(tracking, one)
     }
 
-    fn start_alone(tracking: Tracking) -> Self {
-        let dir = TempDir::new(match tracking {
-            Tracking::Pgid => "slurm-pgid",
-            Tracking::Cgroup => "slurm-cgroup",
-        });
+    fn start_alone(tracking: Tracking, one: std::sync::MutexGuard<'static, ()>) -> Self {
+        static CLUSTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = TempDir::new(&format!("slurm-{n}"));
         let gpu0 = stand_in_device(dir.path());
         let gpu1 = dir.path().join("gpu1");
         mknod(
@@ -98,6 +101,7 @@ impl Cluster {
             devices,
             escaped: Vec::new(),
             daemons: Vec::new(),
+            _one: one,
         };
         cluster.configure();
         cluster.daemons.push(cluster.daemon(
@@ -162,6 +166,7 @@ impl Cluster {
              SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nMpiDefault=none\n\
              GresTypes=gpu\nReturnToService=2\n\
              Epilog={d}/epilog\n\
+             UnkillableStepProgram={d}/unkillable\nUnkillableStepTimeout=5\nKillWait=2\n\
              NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN\n\
              PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         );
@@ -192,6 +197,24 @@ impl Cluster {
         )
         .expect("epilog");
         fs::set_permissions(&epilog, fs::Permissions::from_mode(0o755)).expect("epilog mode");
+        // slurmstepd runs it for a step that outlived its SIGKILL by UnkillableStepTimeout,
+        // in an environment of its own (no SLURM_CONF: a site's is in /etc/slurm): the kit's
+        // program, then a mark that it ran.
+        let unkillable = self.dir.join("unkillable");
+        fs::write(
+            &unkillable,
+            format!(
+                "#!/bin/sh\nenv | grep ^SLURM > {d}/unkillable.env\n\
+                 SLURM_CONF={d}/slurm.conf LINGER={0} LINGER_WAIT_ARGS='{1}' \
+                 {2}/linger-unkillable > {d}/unkillable.out 2>&1\n\
+                 echo $? > {d}/unkillable.ran\n",
+                linger_bin().display(),
+                self.wait_args(),
+                kit().display()
+            ),
+        )
+        .expect("unkillable");
+        fs::set_permissions(&unkillable, fs::Permissions::from_mode(0o755)).expect("mode");
     }
 
     /// The gate's options here: the stand-in devices, and no agent's incident log.
@@ -256,6 +279,11 @@ impl Cluster {
 
     /// [`Cluster::job`], with the job's SLURM_JOB_GPUS.
     fn job_on_gpu(&self, name: &str) -> (String, Vec<u32>, String) {
+        self.job_with(name, &[])
+    }
+
+    /// [`Cluster::job_on_gpu`] with more arguments for the scenario.
+    fn job_with(&self, name: &str, more: &[&str]) -> (String, Vec<u32>, String) {
         static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let output = self.path(&format!("{name}-{n}.out"));
@@ -268,8 +296,9 @@ impl Cluster {
                 &output,
                 "--wrap",
                 &format!(
-                    "echo gpus $SLURM_JOB_GPUS; exec {SCENARIO} {}/gpu$SLURM_JOB_GPUS {name}",
-                    self.dir.path().display()
+                    "echo gpus $SLURM_JOB_GPUS; exec {SCENARIO} {}/gpu$SLURM_JOB_GPUS {name} {}",
+                    self.dir.path().display(),
+                    more.join(" ")
                 ),
             ],
         );
@@ -395,7 +424,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns_it() {
     require_root();
-    let (mut cluster, _one) = Cluster::start(Tracking::Pgid);
+    let mut cluster = Cluster::start(Tracking::Pgid);
 
     // A job killed with nothing left behind: the node stays up.
     let (clean, _) = cluster.job("held-before");
@@ -455,7 +484,7 @@ fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_j
         println!("no cgroup v1 freezer here: proctrack/cgroup not tried, the pgid run stays");
         return;
     }
-    let (mut cluster, _one) = Cluster::start(Tracking::Cgroup);
+    let mut cluster = Cluster::start(Tracking::Cgroup);
     let (job, pids) = cluster.job("setsid-worker");
     let worker = pids[1];
     cluster.escaped.push(worker);
@@ -514,5 +543,67 @@ fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_j
     drop(holder);
     assert_eq!(cluster.undrain(), cluster.node);
     wait_for("the node to be back", || cluster.state() == "idle");
+    println!("{}", cluster.plugins());
+}
+
+/// A step SIGKILL cannot end (its process sleeps uninterruptibly in its exit, closing a file
+/// whose FUSE daemon never answers, the GPU file still held): slurmstepd itself runs the
+/// kit's UnkillableStepProgram, which drains the node naming the process and its state.
+#[test]
+fn a_step_that_will_not_die_runs_the_kits_unkillable_step_program() {
+    require_root();
+    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        println!("no cgroup v1 freezer here: proctrack/cgroup not tried");
+        return;
+    }
+    let cluster = Cluster::start(Tracking::Cgroup);
+    let fuse = cluster.dir.join("fuse");
+    fs::create_dir_all(&fuse).expect("mount point");
+    let mut daemon = Guarded(
+        Command::new(STUCK_FUSE)
+            .arg(&fuse)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("linger-stuck-fuse"),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(daemon.0.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("the daemon's ready line");
+    let stuck = fuse.join("stuck").display().to_string();
+    let (job, pids, gpus) = cluster.job_with("stuck", &[&stuck]);
+    let out = cluster.client("scancel", &[&job]);
+    assert!(out.status.success(), "scancel: {out:?}");
+    let ran = cluster.dir.join("unkillable.ran");
+    let start = Instant::now();
+    while !ran.exists() {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "slurmstepd did not run UnkillableStepProgram: {:?}\n{}",
+            tracer_user::source::procfs::stat(pids[0]).map(|s| s.state),
+            cluster.logs()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let state = tracer_user::source::procfs::stat(pids[0]).map(|s| s.state);
+    assert_eq!(state, Some('D'), "still dying, uninterruptibly");
+    let reason = cluster.sinfo("%E");
+    assert!(
+        reason.contains(&format!("[{}]", pids[0])) && reason.contains("unkillable"),
+        "the reason names the stuck process {}: {reason:?}\n{}\n{}\n{}",
+        pids[0],
+        fs::read_to_string(cluster.dir.join("unkillable.env")).unwrap_or_default(),
+        fs::read_to_string(cluster.dir.join("unkillable.out")).unwrap_or_default(),
+        cluster.logs()
+    );
+    assert!(reason.contains(&format!("(job {job}, step ")), "{reason:?}");
+    // The daemon's end aborts the connection: the exit finishes.
+    drop(daemon);
+    wait_for("the stuck process to end", || {
+        tracer_user::source::procfs::stat(pids[0]).is_none_or(|s| s.state == 'Z')
+    });
+    let _ = nix::mount::umount2(&fuse, nix::mount::MntFlags::MNT_DETACH);
     println!("{}", cluster.plugins());
 }

@@ -69,6 +69,19 @@ fn main() -> Result<()> {
         }
         // A DataLoader-style worker that escapes: forked (no exec) after the device is open,
         // it calls setsid and keeps the inherited descriptor when the parent is killed.
+        // Holds the device and a file whose close never ends (linger-stuck-fuse's): killed,
+        // it sleeps uninterruptibly in its exit, the device still held.
+        "stuck" => {
+            let [path] = rest else {
+                bail!("usage: linger-fd-scenario DEVICE stuck FILE");
+            };
+            let held = (
+                open(device, false)?,
+                File::open(path).context("the stuck file")?,
+            );
+            ready(&[])?;
+            wait_forever(held)
+        }
         "setsid-worker" => {
             let f = open(device, true)?;
             let worker = fork_setsid_worker()?;

@@ -156,7 +156,13 @@ pub struct ProcStat {
     pub session: u32,
     /// Clock ticks after boot: with the pid, who the process is (pids are reused).
     pub start_ticks: u64,
+    /// Its exit has begun (PF_EXITING): its descriptor table may be gone from /proc while
+    /// its exit still closes, or is stuck closing, what it held.
+    pub exiting: bool,
 }
+
+/// `task_struct.flags`: the task is exiting.
+const PF_EXITING: u32 = 0x4;
 
 /// `/proc/PID/stat`, if the process is still there.
 pub fn stat(pid: u32) -> Option<ProcStat> {
@@ -170,6 +176,7 @@ pub fn stat(pid: u32) -> Option<ProcStat> {
         pgrp: s.field(2)?,
         session: s.field(3)?,
         start_ticks: s.field(19)?,
+        exiting: s.field::<u32>(6)? & PF_EXITING != 0,
     })
 }
 

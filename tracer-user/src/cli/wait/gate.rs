@@ -316,6 +316,12 @@ impl Gate {
             let (kind, how) = match member {
                 Some(m) if m.named => (Kind::NotDead, held_how(h, nvml_bytes, "alive")),
                 Some(m) if holds => (Kind::LiveHolder, self.member_how(pid, s, m, h, &held)),
+                // Its exit closes what it held after /proc stopped listing it, and a close
+                // stuck in a driver keeps it: gone only once it is.
+                Some(_) if s.exiting => (
+                    Kind::NotDead,
+                    "exiting: what its exit closes may still be held".into(),
+                ),
                 _ if !holds => continue,
                 None if self.shared.contains_key(&(pid, s.start_ticks)) => {
                     (Kind::SharedFd, self.shared[&(pid, s.start_ticks)].clone())

@@ -274,6 +274,7 @@ mod tests {
             pgrp,
             session: pgrp,
             start_ticks,
+            exiting: false,
         }
     }
 
