@@ -573,7 +573,7 @@ fn a_step_that_will_not_die_runs_the_kits_unkillable_step_program() {
     )
     .expect("the daemon's ready line");
     let stuck = fuse.join("stuck").display().to_string();
-    let (job, pids, gpus) = cluster.job_with("stuck", &[&stuck]);
+    let (job, pids, _) = cluster.job_with("stuck", &[&stuck]);
     let out = cluster.client("scancel", &[&job]);
     assert!(out.status.success(), "scancel: {out:?}");
     let ran = cluster.dir.join("unkillable.ran");
