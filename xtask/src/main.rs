@@ -4,6 +4,7 @@ mod bench;
 mod budget;
 mod build;
 mod cross;
+mod dist;
 mod kubectl;
 mod lint;
 mod python;
@@ -60,6 +61,10 @@ enum Command {
     },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
+    /// Write what operators install into target/dist/: the stripped x86-64 binary and a
+    /// Debian package (binary, systemd unit, Slurm kit, docs, default configuration), with
+    /// their SHA-256 sums.
+    Dist,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Command::Build { arch } => build::linger(arch).map(|_| ()),
         Command::Run { args } => build::run(&args),
         Command::Lint => lint::run(),
+        Command::Dist => dist::run().map(|_| ()),
         Command::Test { args } => {
             budget::check()?;
             test::run(&args)

@@ -34,6 +34,9 @@ pub fn run(args: &[String]) -> Result<()> {
     if crate::setup::which("systemd-analyze").is_none() {
         vm::install(&["systemd"])?;
     }
+    // The Debian package, installed by its test into a clean Debian 12 root.
+    let deb = crate::dist::run()?;
+    let debian_root = crate::dist::debian_root()?;
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
     // a Cargo.lock that no longer matches the manifests fails rather than being rewritten.
@@ -48,6 +51,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .args(args)
         .env("LINGER_BIN", bin)
         .env("LINGER_DEBIAN_KUBECTL", kubectl)
+        .env("LINGER_DEB", deb)
+        .env("LINGER_DEBIAN_ROOT", debian_root)
         .env("PATH", front_of_path(&python)?);
     let counts = cargo_test(&mut cargo);
     // A filtered run (`cargo xtask test NAME`) is for iterating on cargo tests only.
