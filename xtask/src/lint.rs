@@ -1,6 +1,7 @@
 //! `cargo xtask lint`: rustfmt's check, the size of the library's files, then clippy on the
-//! host workspace with warnings as errors, functions over clippy.toml's 120 lines among them
-//! (CI runs it before the tests, to fail early).
+//! host workspace and on the eBPF crate (for each architecture it is built for) with warnings
+//! as errors, functions over clippy.toml's 120 lines among them (CI runs it before the tests,
+//! to fail early).
 
 use std::{path::Path, process::Command};
 
@@ -35,7 +36,46 @@ pub fn run() -> Result<()> {
         "-D",
         "clippy::too_many_lines",
     ]))
-    .context("clippy found warnings")
+    .context("clippy found warnings")?;
+    ebpf_clippy(&root)
+}
+
+/// The code that runs in the kernel, linted as the kernel gets it: the pinned nightly, the
+/// bpfel target, `core` built from source, once per `bpf_target_arch` (kprobe and uprobe
+/// arguments are read per architecture). Its own target directory: the host's is not reused.
+fn ebpf_clippy(root: &Path) -> Result<()> {
+    let toolchain = setup::EBPF_NIGHTLY;
+    let listed = Command::new("rustup")
+        .args(["component", "list", "--installed", "--toolchain", toolchain])
+        .output()
+        .context("rustup component list")?;
+    if !String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .any(|l| l.starts_with("clippy"))
+    {
+        eprintln!("xtask: adding clippy to {toolchain}");
+        setup::status(Command::new("rustup").args([
+            "component",
+            "add",
+            "clippy",
+            "--toolchain",
+            toolchain,
+        ]))?;
+    }
+    for arch in ["x86_64", "aarch64"] {
+        setup::status(
+            Command::new("rustup")
+                .current_dir(root)
+                .args(["run", toolchain, "cargo", "clippy", "--locked", "--package"])
+                .arg("tracer-ebpf")
+                .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+                .args(["--", "-D", "warnings", "-D", "clippy::too_many_lines"])
+                .env("CARGO_TARGET_DIR", root.join("target/ebpf-clippy"))
+                .env("RUSTFLAGS", format!("--cfg bpf_target_arch=\"{arch}\"")),
+        )
+        .with_context(|| format!("clippy found warnings in tracer-ebpf ({arch})"))?;
+    }
+    Ok(())
 }
 
 /// The longest a file of the library may be: one job a file.

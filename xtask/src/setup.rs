@@ -14,6 +14,9 @@ use anyhow::{bail, Context, Result};
 // EBPF_TOOLCHAIN, the pinned nightly, shared with tracer-user's build.rs.
 include!("../../tracer-user/ebpf-toolchain.rs");
 
+/// The pinned nightly the eBPF crate is built (and linted) with.
+pub const EBPF_NIGHTLY: &str = EBPF_TOOLCHAIN;
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The LLVM major bpf-linker is built for; the pinned nightly's must match.
 const LLVM_MAJOR: &str = "22";
