@@ -406,6 +406,32 @@ impl Drop for Cluster {
     }
 }
 
+/// Whether Slurm's cgroup/v1 plugin can run here (a v1 freezer); said when not. Slurm 22.05's
+/// cgroup/v2 needs systemd to make its scope, so the tests configure v1.
+fn cgroup_v1_freezer() -> bool {
+    let here = Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists();
+    if !here {
+        println!("no cgroup v1 freezer here: proctrack/cgroup not tried, the pgid run stays");
+    }
+    here
+}
+
+/// A helper process, once it printed its first line (`ready`).
+fn started(cmd: &mut Command) -> Guarded {
+    let mut child = Guarded(
+        cmd.stdout(Stdio::piped())
+            .spawn()
+            .expect("a helper process"),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.0.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("its ready line");
+    child
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -479,9 +505,7 @@ fn the_epilog_drains_the_node_for_a_worker_that_left_its_job_and_undrain_returns
 #[test]
 fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_jobs_gpu() {
     require_root();
-    // Slurm 22.05's cgroup/v2 needs systemd to make its scope; this test configures v1.
-    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
-        println!("no cgroup v1 freezer here: proctrack/cgroup not tried, the pgid run stays");
+    if !cgroup_v1_freezer() {
         return;
     }
     let mut cluster = Cluster::start(Tracking::Cgroup);
@@ -502,20 +526,11 @@ fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_j
     assert_eq!(cluster.sinfo("%E"), "none", "{}", cluster.logs());
 
     // A process outside Slurm holding gpu1, which Slurm knows nothing of.
-    let mut holder = Guarded(
+    let holder = started(
         Command::new(SCENARIO)
             .arg(&cluster.devices[1])
-            .arg("held-before")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the holder of gpu1"),
+            .arg("held-before"),
     );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.0.stdout.take().expect("stdout")),
-        &mut ready,
-    )
-    .expect("the holder's ready line");
     let outsider = holder.pid();
     let (on_gpu0, _, gpus) = cluster.job_on_gpu("held-before");
     assert_eq!(gpus, "0", "the first free GPU");
@@ -552,26 +567,13 @@ fn with_cgroup_tracking_the_worker_dies_with_its_job_and_the_gate_looks_at_the_j
 #[test]
 fn a_step_that_will_not_die_runs_the_kits_unkillable_step_program() {
     require_root();
-    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
-        println!("no cgroup v1 freezer here: proctrack/cgroup not tried");
+    if !cgroup_v1_freezer() {
         return;
     }
     let cluster = Cluster::start(Tracking::Cgroup);
     let fuse = cluster.dir.join("fuse");
     fs::create_dir_all(&fuse).expect("mount point");
-    let mut daemon = Guarded(
-        Command::new(STUCK_FUSE)
-            .arg(&fuse)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("linger-stuck-fuse"),
-    );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(daemon.0.stdout.take().expect("stdout")),
-        &mut ready,
-    )
-    .expect("the daemon's ready line");
+    let daemon = started(Command::new(STUCK_FUSE).arg(&fuse));
     let stuck = fuse.join("stuck").display().to_string();
     let (job, pids, _) = cluster.job_with("stuck", &[&stuck]);
     let out = cluster.client("scancel", &[&job]);

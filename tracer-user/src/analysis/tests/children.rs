@@ -117,6 +117,18 @@ fn a_snapshot_of_a_known_holder_keeps_its_files() {
 /// that ends the group, before the job's files are released. It is not the job's zombie.
 #[test]
 fn a_sigchld_from_another_thread_of_a_dying_group_is_not_its_zombie() {
+    let mut r = killed_group_ended_by_thread_12();
+    r.kill(10, SHELL, 17, 100.1);
+    r.feed_tid(10, 12, 230.0, sigchld());
+    r.feed(SHELL, 230.1, reap(10));
+    r.tick(300.0);
+    let gpu = r.last_of(10).gpu.clone().expect("gpu");
+    assert_eq!(gpu.t_memory_back_ns, Some(230 * MS));
+    assert_eq!(gpu.memory_back_by, Some(Source::Kernel));
+}
+
+/// Holder 10 SIGKILLed at 100 ms, its thread 12 ending the group with the file's walk.
+fn killed_group_ended_by_thread_12() -> Run {
     let mut r = Run::new();
     r.holder(10, 0, 0.0);
     r.kill(SHELL, 10, 9, 100.0);
@@ -127,13 +139,7 @@ fn a_sigchld_from_another_thread_of_a_dying_group_is_not_its_zombie() {
         comm: "python3".into(),
     };
     r.feed_tid(10, 12, 100.05, exit);
-    r.kill(10, SHELL, 17, 100.1);
-    r.feed_tid(10, 12, 230.0, sigchld());
-    r.feed(SHELL, 230.1, reap(10));
-    r.tick(300.0);
-    let gpu = r.last_of(10).gpu.clone().expect("gpu");
-    assert_eq!(gpu.t_memory_back_ns, Some(230 * MS));
-    assert_eq!(gpu.memory_back_by, Some(Source::Kernel));
+    r
 }
 
 fn sigchld() -> EventData {
@@ -197,16 +203,7 @@ fn reap(pid: u32) -> EventData {
 /// SIGCHLD with one thread left is the zombie; the one before, with three, handed a child on.
 #[test]
 fn the_group_s_last_thread_tells_its_zombie_whichever_thread_ended_it() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    r.kill(SHELL, 10, 9, 100.0);
-    r.feed_tid(10, 12, 100.05, fd(FdOp::HeldAtExit, 3, FILE));
-    let exit = EventData::TaskExit {
-        exit_code: 9,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed_tid(10, 12, 100.05, exit);
+    let mut r = killed_group_ended_by_thread_12();
     r.feed_tid(10, 10, 150.0, sigchld_with(3));
     r.feed_tid(10, 10, 243.0, sigchld_with(1));
     r.feed(SHELL, 243.2, reap(10));
