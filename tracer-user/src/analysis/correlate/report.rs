@@ -108,6 +108,10 @@ impl Correlator {
         ];
         let back = back.map(|b| b.saturating_add(HELD_REPORT_NS));
         let in_flight = c.kernel_release.map(|k| k.0.saturating_add(IN_FLIGHT_NS));
+        // A slow report waiting for NVML (`nvml_lags`) is due by then at the latest.
+        let lagging = c
+            .kernel_release
+            .map(|k| k.0.saturating_add(cfg.slow_after_ns));
         let verified = w
             .into_iter()
             .flat_map(|w| w.residuals())
@@ -116,10 +120,27 @@ impl Correlator {
             .into_iter()
             .chain(back)
             .chain(in_flight)
+            .chain(lagging)
             .chain(verified)
             .filter(|t| *t > self.now_ns)
             .min();
         Some(next.unwrap_or(u64::MAX))
+    }
+
+    /// Whether only NVML keeps case `id`'s memory from being called back: the kernel released
+    /// its files, and no reading has completed since (its calls queue behind the driver's lock
+    /// in a storm), for less than the slow threshold. Its slow report waits for that reading
+    /// (or the threshold again): a teardown the kernel finished is not one still under way.
+    fn nvml_lags(&self, id: u64) -> bool {
+        let Some(c) = self.cases.get(&id) else {
+            return false;
+        };
+        let now = self.now_ns;
+        self.memory.nvml()
+            && self.back(id).is_none()
+            && c.kernel_release.is_some_and(|(k, _)| {
+                !self.memory.read_since(k) && now.saturating_sub(k) < self.config.slow_after_ns
+            })
     }
 
     /// Whether dead GPU case `id` waits for a reading taken since its death or its files'
@@ -162,10 +183,11 @@ impl Correlator {
                     !c.fd_holders.is_empty() || c.unaccounted.any() || self.imported(id);
                 // NVML's word on its share comes with the first reading after the death.
                 let read = !self.memory.nvml() || self.memory.read_since(dead);
+                let slow = since_death >= self.config.slow_after_ns && !self.nvml_lags(id);
                 let due = (settled && reaped)
                     || ((held_elsewhere || self.unexplained(id))
                         && ((reaped && read) || since_death >= HELD_REPORT_NS))
-                    || since_death >= self.config.slow_after_ns;
+                    || slow;
                 if due {
                     out.push(self.emit(id, "incident"));
                 }

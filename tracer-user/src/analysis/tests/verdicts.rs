@@ -50,6 +50,26 @@ fn slow_teardown_when_the_memory_came_back_after_slow_after() {
     assert!(text.contains("teardown took 1600 ms"), "{text}");
 }
 
+/// The kernel released the files at 845 ms; NVML's next reading, queued behind the driver in a
+/// storm, lands only at 1250 ms. At the slow threshold (1100 ms) nothing is said of a teardown
+/// still under way: the first record waits for the reading, and says the memory was back.
+#[test]
+fn a_lagging_nvml_reading_after_the_release_is_not_a_slow_teardown() {
+    let mut r = killed_holder();
+    r.ioctls_traced();
+    r.nvml(600.0, 9 * GIB, &[(10, 8 * GIB)]);
+    r.zombie_and_reap(10, 845.0);
+    r.tick(1150.0);
+    assert!(r.incidents().is_empty(), "{:?}", r.incidents());
+    r.nvml(1250.0, GIB, &[]);
+    r.tick(1300.0);
+    let first = r.incidents()[0];
+    let v = first.verdict.as_ref().expect("a verdict");
+    assert_eq!(v.kind, VerdictKind::Released, "{v:?}");
+    let gpu = first.gpu.as_ref().expect("gpu");
+    assert_eq!(gpu.t_memory_back_ns, Some(845_000_000));
+}
+
 #[test]
 fn slow_teardown_while_nvml_still_lists_it_after_slow_after() {
     let mut r = killed_holder();
