@@ -5,22 +5,25 @@ use crate::{
     event::{NvmlProcess, Workload},
 };
 
-fn metrics() -> Metrics {
+/// Metrics of `gpus` on `host`, every pid counting as dead.
+fn metrics_of(gpus: &[GpuInfo], host: Host) -> (Metrics, Registry) {
     let build = Build {
         driver: String::new(),
         kernel: String::new(),
         strategy: String::new(),
     };
-    // Every pid counts as dead here.
     Metrics::new(
         build,
-        &[],
-        Host::default(),
+        gpus,
+        host,
         WriteErrors::default(),
         Cost::default(),
         |_| true,
     )
-    .0
+}
+
+fn metrics() -> Metrics {
+    metrics_of(&[], Host::default()).0
 }
 
 fn exit(pid: u32, ts_ns: u64) -> Event {
@@ -106,19 +109,7 @@ fn h200_metrics(host: Host) -> (Metrics, Registry) {
         pci_bus_id: "00000000:3B:00.0".into(),
         minor: Some(5),
     }];
-    let build = Build {
-        driver: String::new(),
-        kernel: String::new(),
-        strategy: String::new(),
-    };
-    Metrics::new(
-        build,
-        &gpus,
-        host,
-        WriteErrors::default(),
-        Cost::default(),
-        |_| true,
-    )
+    metrics_of(&gpus, host)
 }
 
 fn xid(pci: &str, source: XidSource) -> Event {
