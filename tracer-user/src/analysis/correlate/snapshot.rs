@@ -595,9 +595,6 @@ impl Correlator {
     }
 }
 
-/// Where the ledger's GPUs and NVML's disagree, or the ledger could not place memory on a
-/// GPU, in words: each GPU's share is NVML's where NVML lists the process, the ledger's where
-/// only the ledger saw memory.
 /// Where the memory's return lies, when linger cannot place it closer than its bounds.
 fn window_evidence(inc: &Incident, (held, freeing): (u64, bool), back: u64) -> String {
     format!(
@@ -613,6 +610,9 @@ fn window_evidence(inc: &Incident, (held, freeing): (u64, bool), back: u64) -> S
     )
 }
 
+/// Where the ledger's GPUs and NVML's disagree, or the ledger could not place memory on a
+/// GPU, in words: each GPU's share is NVML's where NVML lists the process, the ledger's where
+/// only the ledger saw memory.
 fn placement_evidence(ledger: &[LedgerPart], parts: &[GpuPart]) -> Vec<String> {
     let mut out = Vec::new();
     for l in ledger.iter().filter(|l| l.gpu.is_none()) {
