@@ -96,7 +96,7 @@ wire_struct! {
 stable_ids! {
     /// How a dead process stopped existing.
     pub enum ReapHow: u32 {
-        /// `wait4` in the header's process returned the pid.
+        /// `wait4` or `waitid` in the header's process reported the pid's end.
         Wait = 1,
         /// The kernel freed the group leader's task (reaped by someone we did not see, or auto-reaped);
         /// this fires an RCU grace period after the real reap, so it is an upper bound.

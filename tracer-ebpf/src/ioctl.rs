@@ -2,7 +2,7 @@
 //! entry hook: every system call would pay for it (their duration comes from the driver hooks
 //! where the kernel allows them).
 
-use aya_ebpf::{helpers::bpf_probe_read_user, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{
     driver::{
         has_memory_allocation_params, id_info_size, ioc_nr, ioc_size, ioc_type,
@@ -17,7 +17,7 @@ use tracer_common::{
 use crate::{
     emit::{current_ids, emit},
     files::{gpu_file_at, is_holder},
-    regs::syscall_args,
+    regs::{read_user, syscall_args},
 };
 
 /// sys_exit_ioctl: ret@16; the descriptor, command and argument are the call's first three
@@ -61,86 +61,81 @@ pub fn record(fd: u64, cmd: u64, arg: u64, ret: i64) -> bool {
     true
 }
 
-fn user<T: Copy + Default>(addr: u64) -> T {
-    // SAFETY: bpf_probe_read_user checks the address; unreadable memory yields the default.
-    unsafe { bpf_probe_read_user(addr as *const T) }.unwrap_or_default()
-}
-
 /// Fills the decoded fields from the escape's fixed-size parameter struct.
 pub fn decode_rm(e: &mut GpuIoctl, cmd: u32, arg: u64) {
     let (mut nr, mut size, mut params) = (ioc_nr(cmd), ioc_size(cmd), arg);
     if nr == IOCTL_XFER_CMD {
         // {u32 cmd, u32 size, u64 ptr}: the real escape and its parameters.
-        nr = user::<u32>(arg);
-        size = user::<u32>(arg + 4);
-        params = user::<u64>(arg + 8);
+        nr = read_user::<u32>(arg);
+        size = read_user::<u32>(arg + 4);
+        params = read_user::<u64>(arg + 8);
         e.cmd = nr;
     }
     match nr {
         RM_ALLOC if size == NVOS21_SIZE || size == NVOS64_SIZE => {
-            let [root, parent, object, class] = user::<[u32; 4]>(params);
+            let [root, parent, object, class] = read_user::<[u32; 4]>(params);
             (e.h_root, e.h_parent, e.h_object, e.h_class) = (root, parent, object, class);
             let status_at = if size == NVOS64_SIZE { 40 } else { 28 };
-            e.status = user::<u32>(params + status_at);
+            e.status = read_user::<u32>(params + status_at);
             let sized = has_memory_allocation_params(class);
             // Other classes' parameters are not read: one user read fewer per allocation.
             if sized || class == NV01_DEVICE_0 {
-                let alloc_params = user::<u64>(params + PARAMS_POINTER_OFFSET);
+                let alloc_params = read_user::<u64>(params + PARAMS_POINTER_OFFSET);
                 if alloc_params != 0 && sized {
-                    e.size = user::<u64>(alloc_params + MEMORY_ALLOCATION_SIZE_OFFSET);
+                    e.size = read_user::<u64>(alloc_params + MEMORY_ALLOCATION_SIZE_OFFSET);
                 } else if alloc_params != 0 {
                     // Which GPU the objects below it are on.
-                    e.size = user::<u32>(alloc_params) as u64;
+                    e.size = read_user::<u32>(alloc_params) as u64;
                 }
             }
         }
         RM_FREE => {
-            let [root, parent, object, status] = user::<[u32; 4]>(params);
+            let [root, parent, object, status] = read_user::<[u32; 4]>(params);
             (e.h_root, e.h_parent, e.h_object, e.status) = (root, parent, object, status);
         }
         RM_ALLOC_MEMORY => {
             // NVOS02: hRoot, hObjectParent, hObjectNew, hClass, flags, pMemory@24, limit@32,
             // status@40.
-            let [root, parent, object, class] = user::<[u32; 4]>(params);
+            let [root, parent, object, class] = read_user::<[u32; 4]>(params);
             (e.h_root, e.h_parent, e.h_object, e.h_class) = (root, parent, object, class);
-            e.size = user::<u64>(params + 32).wrapping_add(1);
-            e.status = user::<u32>(params + 40);
+            e.size = read_user::<u64>(params + 32).wrapping_add(1);
+            e.status = read_user::<u32>(params + 40);
         }
         RM_CONTROL => {
             // NVOS54: hClient, hObject, cmd, flags, params@16, paramsSize@24, status@28.
-            let [client, object, ctrl] = user::<[u32; 3]>(params);
+            let [client, object, ctrl] = read_user::<[u32; 3]>(params);
             (e.h_root, e.h_object, e.ctrl_cmd) = (client, object, ctrl);
-            e.status = user::<u32>(params + 28);
+            e.status = read_user::<u32>(params + 28);
             if e.status == 0 && (ctrl == CTRL_GPU_GET_ID_INFO[0] || ctrl == CTRL_GPU_GET_ID_INFO[1])
             {
                 // The driver's word on which GPU a device instance is.
-                let info = user::<u64>(params + PARAMS_POINTER_OFFSET);
-                let gpu_id = user::<u32>(info);
-                let instance = user::<u32>(info + ID_INFO_DEVICE_INSTANCE_OFFSET);
+                let info = read_user::<u64>(params + PARAMS_POINTER_OFFSET);
+                let gpu_id = read_user::<u32>(info);
+                let instance = read_user::<u32>(info + ID_INFO_DEVICE_INSTANCE_OFFSET);
                 e.size = id_info_size(gpu_id, instance);
             }
         }
         RM_MAP_MEMORY => {
             // NVOS33: hClient, hDevice, hMemory, offset@16, length@24, pLinearAddress@32,
             // status@40.
-            let [client, device, memory] = user::<[u32; 3]>(params);
+            let [client, device, memory] = read_user::<[u32; 3]>(params);
             (e.h_root, e.h_parent, e.h_object) = (client, device, memory);
-            e.size = user::<u64>(params + 24);
-            e.status = user::<u32>(params + 40);
+            e.size = read_user::<u64>(params + 24);
+            e.status = read_user::<u32>(params + 40);
         }
         RM_DUP_OBJECT => {
             // NVOS55: hClient, hParent, hObject, hClientSrc@12, hObjectSrc@16, flags, status@24.
-            let [client, parent, object, src_client] = user::<[u32; 4]>(params);
+            let [client, parent, object, src_client] = read_user::<[u32; 4]>(params);
             (e.h_root, e.h_parent, e.h_object) = (client, parent, object);
             e.ctrl_cmd = src_client;
-            e.h_class = user::<u32>(params + 16);
-            e.status = user::<u32>(params + 24);
+            e.h_class = read_user::<u32>(params + 16);
+            e.status = read_user::<u32>(params + 24);
         }
         RM_SHARE => {
             // NVOS57: hClient, hObject, sharePolicy{type, action, ...}, status@20.
-            let [client, object] = user::<[u32; 2]>(params);
+            let [client, object] = read_user::<[u32; 2]>(params);
             (e.h_root, e.h_object) = (client, object);
-            e.status = user::<u32>(params + 20);
+            e.status = read_user::<u32>(params + 20);
         }
         _ => {}
     }

@@ -11,6 +11,7 @@ use tracer_common::{
 use crate::{
     emit::{armed, emit, emit_waking, is_tracked, track, TRACKED},
     files::{add_holder, is_holder, urgent, walk, HOLDERS},
+    regs::{read_user, syscall_args},
     task::Task,
     teardown::{start_dying, stop_dying},
 };
@@ -101,7 +102,8 @@ pub fn task_exit_legacy(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// Tracepoint syscalls/sys_exit_wait4: ret@16 is the reaped pid.
+/// Tracepoint syscalls/sys_exit_wait4: ret@16 is the pid reported, reaped unless the status
+/// says it stopped or continued (WUNTRACED, WCONTINUED).
 #[tracepoint(category = "syscalls", name = "sys_exit_wait4")]
 pub fn wait4_exit(ctx: TracePointContext) -> i32 {
     // SAFETY: offset of `ret` in the stable sys_exit format.
@@ -109,7 +111,50 @@ pub fn wait4_exit(ctx: TracePointContext) -> i32 {
     if ret <= 0 || !is_tracked(ret as u32) {
         return 0;
     }
+    if let Some([_, status_at]) = syscall_args() {
+        if status_at != 0 {
+            let status: u32 = read_user(status_at);
+            if status & 0xff == 0x7f || status == 0xffff {
+                return 0;
+            }
+        }
+    }
     reaped(ret as u32, ReapHow::Wait);
+    0
+}
+
+/// waitid's WNOWAIT: the child is reported and left a zombie.
+const WNOWAIT: u64 = 0x0100_0000;
+/// `siginfo.si_code` of a child that ended (CLD_EXITED, CLD_KILLED, CLD_DUMPED); the others
+/// report it stopped or continued.
+const CLD_ENDED: [i32; 3] = [1, 2, 3];
+/// Where the siginfo waitid fills keeps si_code and si_pid (64-bit layouts).
+const SI_CODE_AT: u64 = 8;
+const SI_PID_AT: u64 = 16;
+
+/// Tracepoint syscalls/sys_exit_waitid: it returns 0 and names the child in the siginfo its
+/// third argument points to. Service managers and Go (`os.Process.Wait` through a pidfd)
+/// reap this way; without it their reaps are seen only at the task's free.
+#[tracepoint(category = "syscalls", name = "sys_exit_waitid")]
+pub fn waitid_exit(ctx: TracePointContext) -> i32 {
+    // SAFETY: offset of `ret` in the stable sys_exit format.
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    if ret != 0 {
+        return 0;
+    }
+    let Some([_, _, info, options]) = syscall_args() else {
+        return 0;
+    };
+    if info == 0 || options & WNOWAIT != 0 {
+        return 0;
+    }
+    let pid: i32 = read_user(info + SI_PID_AT);
+    if pid <= 0 || !is_tracked(pid as u32) {
+        return 0;
+    }
+    if CLD_ENDED.contains(&read_user::<i32>(info + SI_CODE_AT)) {
+        reaped(pid as u32, ReapHow::Wait);
+    }
     0
 }
 

@@ -85,11 +85,12 @@ pub const SCHEDULER: [Entry; 2] = [
     Entry::btf("teardown_wakeup", "sched_wakeup", Gate::Always),
 ];
 
-/// The system call tracepoints that see GPU files' opens, dups, closes and ioctls, and wait4,
+/// The system call tracepoints that see GPU files' opens, dups, closes and ioctls, and reaps,
 /// each program with the syscalls it serves. Exits only: an entry hook would be a second
 /// tracepoint call on every system call of every process.
-pub const SYSCALLS: [(&str, &[&str]); 5] = [
+pub const SYSCALLS: [(&str, &[&str]); 6] = [
     ("wait4_exit", &["sys_exit_wait4"]),
+    ("waitid_exit", &["sys_exit_waitid"]),
     (
         "fd_installed",
         &[

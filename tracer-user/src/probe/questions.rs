@@ -66,8 +66,8 @@ fn process_questions(mode: Mode) -> Vec<Question> {
             if no_syscall_hooks {
                 REAP_BOUNDED
             } else {
-                "tracepoint syscalls/sys_exit_wait4 (the pid wait4 returned), \
-                 tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)"
+                "tracepoints syscalls/sys_exit_wait4 and sys_exit_waitid (the pid wait4 \
+                 returned, or the child waitid's siginfo names), tp_btf/sched_process_free (an RCU grace period after the reap: an upper bound)"
             },
             REAP_BOUNDED,
             reaping_cost,
