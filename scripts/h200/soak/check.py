@@ -26,6 +26,8 @@ between its EXIT line and its reap.
 """
 import argparse, json, os, statistics, sys
 
+import steps
+
 SLOW_NS = 1_000_000_000
 WITHIN_NS = 5_000_000
 AMBIGUOUS_NS = 5_000_000
@@ -292,6 +294,7 @@ def main():
         print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
               f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
     interval_report(jobs, incidents)
+    steps.report(jobs, incidents, summary.get("used_steps", []), incident_of)
     gauge_ok = True
     metrics_path = os.path.join(agent_dir, "metrics.jsonl")
     if not a.incidents and os.path.exists(metrics_path):

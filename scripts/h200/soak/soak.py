@@ -75,7 +75,10 @@ class Poll(threading.Thread):
     """NVML every `period` s: when each pid was first and last listed, when it left the list
     (the start of the last reading that listed it and the end of the first that did not: NVML's
     calls queue behind the driver during teardowns, so a reading describes some moment between
-    its start and its end), and the device's used memory."""
+    its start and its end), the share NVML last gave each pid, and the device's used memory:
+    every step it took, between the start of the last reading before it and the end of the
+    first after (teardowns serialize on the driver's lock, so victims' shares come off in
+    turn), and one reading every 100 ms."""
 
     def __init__(self, period):
         super().__init__(daemon=True)
@@ -85,6 +88,8 @@ class Poll(threading.Thread):
         self.listed = {}
         self.left = {}
         self.used = []
+        self.steps = []
+        self.share = {}
         self.stop = False
 
     def reading(self):
@@ -94,7 +99,7 @@ class Poll(threading.Thread):
         return start, boot_ns(), used, procs
 
     def run(self):
-        last_kept, before = 0, {}
+        last_kept, before, last = 0, {}, None
         while not self.stop:
             try:
                 start, end, used, procs = self.reading()
@@ -105,11 +110,15 @@ class Poll(threading.Thread):
             for p in procs:
                 first, _ = self.listed.get(p.pid, (start, start))
                 self.listed[p.pid] = (first, start)
+                self.share[p.pid] = p.usedGpuMemory
                 now[p.pid] = start
             for pid, listed_at in before.items():
                 if pid not in now:
                     self.left.setdefault(pid, []).append((listed_at, end))
             before = now
+            if last is not None and used != last[1]:
+                self.steps.append((last[0], end, last[1], used))
+            last = (start, used)
             if start - last_kept >= 100_000_000:
                 self.used.append((start, used))
                 last_kept = start
@@ -377,14 +386,16 @@ def main():
                 # Every time the pid left NVML's list: [last reading listing it began, first
                 # reading without it ended].
                 rec.setdefault("nvml_left", {})[str(pid)] = poll.left.get(pid, [])
+                rec.setdefault("nvml_share", {})[str(pid)] = poll.share.get(pid)
             f.write(json.dumps(rec) + "\n")
-        # harness 2: each job's reaps taken when they came (1 kept one per pid for the run).
-        f.write(json.dumps({"summary": True, "harness": 3, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
+        # harness 2: each job's reaps taken when they came (1 kept one per pid for the run);
+        # 4: every step of the used memory, and each pid's last NVML share.
+        f.write(json.dumps({"summary": True, "harness": 4, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
                             "used_after": poll.reading()[2], "workers": a.workers,
                             "rate": a.rate, "lean": a.lean,
                             "agent_status": agent_status,
                             "beside_lean_status": a.beside_lean and (statuses[agents[1][0].pid] or (None, None))[1],
-                            "used": poll.used}) + "\n")
+                            "used": poll.used, "used_steps": poll.steps}) + "\n")
 
 
 if __name__ == "__main__":
