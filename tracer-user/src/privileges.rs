@@ -7,7 +7,7 @@
 use std::fmt;
 
 use caps::{CapSet, Capability, CapsHashSet};
-use log::debug;
+use log::{debug, warn};
 use thiserror::Error;
 
 /// A capability linger needs, with the others the kernel accepts in its place.
@@ -135,10 +135,12 @@ pub struct DropError {
 /// Capabilities are per thread: call it before the collector starts any thread.
 pub fn drop_after_attach(sampling: bool) -> Result<(), DropError> {
     let held = effective();
-    let keep: CapsHashSet = for_kernel(&collector(sampling), perf_event_paranoid())
+    let needs = for_kernel(&collector(sampling), perf_event_paranoid());
+    let keep: CapsHashSet = needs
         .iter()
         .filter_map(|n| n.any_of.iter().find(|c| held.contains(c)).copied())
         .collect();
+    say_stand_ins(&needs, &held);
     let failed = |what: &str| {
         let what = what.to_string();
         move |source| DropError { what, source }
@@ -164,6 +166,26 @@ pub fn drop_after_attach(sampling: bool) -> Result<(), DropError> {
     kept.sort();
     debug!("capabilities kept for the collector: {}", kept.join(", "));
     Ok(())
+}
+
+/// Warns where the collector keeps a broader capability for its whole run because the one a
+/// need names first was not granted (CAP_SYS_ADMIN in place of CAP_BPF or CAP_PERFMON, on a
+/// kernel that knows them).
+fn say_stand_ins(needs: &[Need], held: &CapsHashSet) {
+    let supported = supported();
+    for need in needs {
+        let first = need.any_of[0];
+        let Some(kept) = need.any_of.iter().find(|c| held.contains(c)) else {
+            continue;
+        };
+        if *kept != first && supported.contains(&first) {
+            warn!(
+                "keeping {kept} for the whole run in place of {first}, which linger was not \
+                 granted (to {}): grant {first} and {kept} is dropped once attached",
+                need.why
+            );
+        }
+    }
 }
 
 /// `needs` on a kernel with this `perf_event_paranoid`.

@@ -1,6 +1,6 @@
 //! `cargo xtask dist`: what an operator installs without the toolchain, in `target/dist/`: the
-//! stripped binary (eBPF embedded) and a Debian package for bare-metal and Slurm nodes, with
-//! their SHA-256 sums.
+//! stripped binary (eBPF embedded), a Debian package for bare-metal and Slurm nodes and the
+//! agent's container image for Kubernetes, with their SHA-256 sums.
 
 use std::{
     fs,
@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build, setup};
+use crate::{build, debian, image, setup};
 
 /// The package's name and the Debian architecture of this machine's build.
 const PACKAGE: &str = "linger";
@@ -27,7 +27,13 @@ const DEFAULT_CONFIG: &str = "\
 # lean = false
 ";
 
-pub fn run() -> Result<PathBuf> {
+/// What `cargo xtask dist` wrote.
+pub struct Dist {
+    pub deb: PathBuf,
+    pub image: PathBuf,
+}
+
+pub fn run() -> Result<Dist> {
     let bin = build::linger(build::Arch::Host)?;
     let root = workspace_root();
     let dist = root.join("target/dist");
@@ -36,9 +42,13 @@ pub fn run() -> Result<PathBuf> {
     fs::copy(&bin, &linger).with_context(|| format!("copying {}", bin.display()))?;
     setup::status(Command::new("strip").arg(&linger))?;
     let deb = package(&root, &linger, &dist)?;
-    sums(&dist, &[&linger, &deb])?;
-    eprintln!("xtask dist: {} and {}", linger.display(), deb.display());
-    Ok(deb)
+    let base = debian::minbase_root()?;
+    let image = image::build(&root, &base, &linger, &version(&root)?, DEB_ARCH, &dist)?;
+    sums(&dist, &[&linger, &deb, &image])?;
+    for file in [&linger, &deb, &image] {
+        eprintln!("xtask dist: {}", file.display());
+    }
+    Ok(Dist { deb, image })
 }
 
 fn workspace_root() -> PathBuf {
@@ -158,35 +168,4 @@ fn sums(dist: &Path, files: &[&Path]) -> Result<()> {
     }
     fs::write(dist.join("SHA256SUMS"), out.stdout)?;
     Ok(())
-}
-
-/// A clean Debian 12 root (debootstrap's minbase with systemd, whose units
-/// `systemd-analyze verify --root` needs, and procps, whose `kill` the unit reloads with),
-/// made once and kept in the cache: the package's test installs into an overlay of it.
-pub fn debian_root() -> Result<PathBuf> {
-    let root = setup::toolchain_dir()?.join("debian-12-systemd");
-    let done = root.join(".linger-complete");
-    if done.exists() {
-        return Ok(root);
-    }
-    if setup::which("debootstrap").is_none() {
-        crate::vm::install(&["debootstrap"])?;
-    }
-    let partial = root.with_extension("partial");
-    if partial.exists() {
-        fs::remove_dir_all(&partial)?;
-    }
-    eprintln!("xtask: a clean Debian 12 root for the package's test (debootstrap, once)");
-    setup::status(
-        Command::new("debootstrap")
-            .args(["--variant=minbase", "--include=systemd,procps", "bookworm"])
-            .arg(&partial)
-            .arg("http://deb.debian.org/debian"),
-    )?;
-    if root.exists() {
-        fs::remove_dir_all(&root)?;
-    }
-    fs::rename(&partial, &root)?;
-    fs::write(&done, "")?;
-    Ok(root)
 }

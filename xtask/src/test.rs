@@ -34,9 +34,10 @@ pub fn run(args: &[String]) -> Result<()> {
     if crate::setup::which("systemd-analyze").is_none() {
         vm::install(&["systemd"])?;
     }
-    // The Debian package, installed by its test into a clean Debian 12 root.
-    let deb = crate::dist::run()?;
-    let debian_root = crate::dist::debian_root()?;
+    // The Debian package, installed by its test into a clean Debian 12 root; the agent's
+    // image, run by its test with the DaemonSet's security settings.
+    let dist = crate::dist::run()?;
+    let debian_root = crate::debian::systemd_root()?;
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
     // a Cargo.lock that no longer matches the manifests fails rather than being rewritten.
@@ -51,7 +52,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .args(args)
         .env("LINGER_BIN", bin)
         .env("LINGER_DEBIAN_KUBECTL", kubectl)
-        .env("LINGER_DEB", deb)
+        .env("LINGER_DEB", dist.deb)
+        .env("LINGER_IMAGE", dist.image)
         .env("LINGER_DEBIAN_ROOT", debian_root)
         .env("PATH", front_of_path(&python)?);
     let counts = cargo_test(&mut cargo);

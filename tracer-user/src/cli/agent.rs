@@ -123,7 +123,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let reopen = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reopen))
         .context("handling SIGHUP")?;
-    let live = Live::load(live::config(&args.live)?)?;
+    let mut config = live::config(&args.live)?;
+    // Incidents and recordings name the node as the series do, not the pod.
+    config.node_name = Some(host.name.clone());
+    let live = Live::load(config)?;
     let flight = match (&args.state_dir, args.no_flight) {
         (Some(dir), false) => Some(FlightPlan {
             dir: dir.clone(),

@@ -166,5 +166,6 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
             names: workload::Names::new(&args.kubelet_logs),
         },
         recording,
+        node_name: None,
     })
 }

@@ -21,6 +21,9 @@ pub struct Config {
     pub describe: procfs::Describe,
     /// Also write everything traced to a trace file.
     pub recording: Option<Recording>,
+    /// The node's name where it is not this UTS namespace's (the agent in a pod: `NODE_NAME`,
+    /// or the host's): incidents and the trace file's header carry it.
+    pub node_name: Option<String>,
 }
 
 /// The trace file of a live run.

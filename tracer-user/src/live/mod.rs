@@ -25,7 +25,7 @@ use crate::{
     event::{Event, EventData, Strategy},
     privileges,
     probe::{strategy, xid, Probes},
-    source::{collect, cost::Part, gpu::GpuSources, kernel::KernelSource, kmsg, machine},
+    source::{collect, cost::Part, gpu::GpuSources, kernel::KernelSource, kmsg},
     stream::Tap,
 };
 
@@ -76,7 +76,7 @@ impl Live {
             config.output,
             anchor,
             config.analysis.clone(),
-            this_node(),
+            this_node(&config),
         );
         report.keep_written();
         let mut chosen = probes.strategy().clone();
@@ -155,8 +155,8 @@ fn open_kernel_log(probes: &Probes) -> (Option<kmsg::KernelLog>, String) {
 }
 
 /// Where the events happen, stamped on every incident record.
-fn this_node() -> Node {
-    let machine = machine::read();
+fn this_node(config: &Config) -> Node {
+    let machine = recording::machine(config);
     Node {
         host: machine.host,
         boot_id: machine.boot_id,

@@ -47,13 +47,22 @@ pub fn meta(config: &Config, anchor: &WallAnchor) -> TraceMeta {
         redacted_cmdlines: config.describe.redact_cmdline,
         ..TraceMeta::describe(
             anchor,
-            &machine::read(),
+            &machine(config),
             &machine::proc_devices()
                 .map(|d| devices::nvidia_listing(&d))
                 .unwrap_or_default(),
             nvml::library_version(),
         )
     }
+}
+
+/// This machine, named as the run was told to name its node.
+pub fn machine(config: &Config) -> machine::Machine {
+    let mut machine = machine::read();
+    if let Some(name) = &config.node_name {
+        machine.host = name.clone();
+    }
+    machine
 }
 
 /// Writes the closing record and says what was written.

@@ -53,6 +53,12 @@ impl Kallsyms {
         }
     }
 
+    /// Whether no function's address could be read: /proc/kallsyms shows zeros without
+    /// CAP_SYSLOG, or to everyone under kernel.kptr_restrict=2.
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+    }
+
     /// The function containing `addr`.
     pub fn name(&mut self, addr: u64) -> String {
         if self.found.len() >= FOUND_MAX {

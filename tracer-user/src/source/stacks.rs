@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use aya::maps::{MapData, StackTraceMap};
-use log::debug;
+use log::{debug, warn};
 
 use super::kallsyms::Kallsyms;
 use crate::event::{Event, EventData};
@@ -25,9 +25,17 @@ pub struct StackResolver {
 
 impl StackResolver {
     pub fn new(map: StackTraceMap<MapData>) -> Self {
+        let symbols = Kallsyms::load();
+        if symbols.is_empty() {
+            warn!(
+                "kernel stacks stay unnamed: /proc/kallsyms shows no addresses (CAP_SYSLOG \
+                 missing, or kernel.kptr_restrict=2), so the teardowns' phases and the driver \
+                 functions their samples show are lost"
+            );
+        }
         Self {
             map,
-            symbols: Kallsyms::load(),
+            symbols,
             seen: HashMap::new(),
             swept_ns: 0,
         }
