@@ -10,6 +10,7 @@ pub mod clock;
 pub mod error;
 pub mod escape;
 pub mod event;
+pub mod gate;
 pub mod live;
 pub mod output;
 pub mod privileges;

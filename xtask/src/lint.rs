@@ -80,8 +80,12 @@ fn ebpf_clippy(root: &Path) -> Result<()> {
 
 /// The longest a file of the library may be: one job a file.
 const MAX_FILE_LINES: usize = 700;
+/// The longest a command's file may be: the commands parse options and print, the logic
+/// lives in the library.
+const MAX_CLI_FILE_LINES: usize = 250;
 
-/// Every `.rs` file below `dir` within [`MAX_FILE_LINES`].
+/// Every `.rs` file below `dir` within [`MAX_FILE_LINES`], and below its `cli/` within
+/// [`MAX_CLI_FILE_LINES`].
 fn file_sizes(dir: &Path) -> Result<()> {
     let mut long = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
@@ -92,15 +96,24 @@ fn file_sizes(dir: &Path) -> Result<()> {
                 todo.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let lines = std::fs::read_to_string(&path)?.lines().count();
-                if lines > MAX_FILE_LINES {
-                    long.push(format!("{} ({lines} lines)", path.display()));
+                let cli = path.components().any(|c| c.as_os_str() == "cli");
+                let most = if cli {
+                    MAX_CLI_FILE_LINES
+                } else {
+                    MAX_FILE_LINES
+                };
+                if lines > most {
+                    long.push(format!(
+                        "{} ({lines} lines, at most {most})",
+                        path.display()
+                    ));
                 }
             }
         }
     }
     if !long.is_empty() {
         anyhow::bail!(
-            "files over {MAX_FILE_LINES} lines (split them by job): {}",
+            "files too long (split them by job; commands keep only options and printing): {}",
             long.join(", ")
         );
     }

@@ -2,6 +2,7 @@
 //! endpoint, and the flight recorder (the incident log is in `output`).
 
 mod basic_auth;
+pub mod companion;
 mod connections;
 mod flight;
 pub mod http;

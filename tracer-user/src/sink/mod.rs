@@ -1,6 +1,7 @@
 //! Where incidents go.
 
 pub mod folded;
+pub mod holders;
 pub mod json;
 pub mod perfetto;
 pub mod phases;

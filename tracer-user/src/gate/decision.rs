@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_user::{
+use crate::{
     clock::boottime_ns,
     event::NvmlGpu,
     probe::devices::GpuDevices,
@@ -449,7 +449,7 @@ fn alive(s: &ProcStat) -> bool {
     !matches!(s.state, 'Z' | 'X' | 'x')
 }
 
-fn listed(gpus: &[NvmlGpu]) -> impl Iterator<Item = (u32, &tracer_user::event::NvmlProcess)> {
+fn listed(gpus: &[NvmlGpu]) -> impl Iterator<Item = (u32, &crate::event::NvmlProcess)> {
     gpus.iter()
         .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
 }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use tracer_user::event::NvmlGpu;
+use crate::event::NvmlGpu;
 
 const TOLERANCE_MIN: u64 = 32 << 20;
 
@@ -76,7 +76,7 @@ fn back(u: &Unlisted, now: &NvmlGpu) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use tracer_user::event::NvmlProcess;
+    use crate::event::NvmlProcess;
 
     use super::*;
 

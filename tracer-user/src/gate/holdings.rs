@@ -5,11 +5,11 @@
 
 use std::{collections::HashMap, fs, os::unix::fs::MetadataExt, path::Path};
 
-use tracer_common::driver::mkdev;
-use tracer_user::{
+use crate::{
     probe::devices::GpuDevices,
     source::{kcmp, procfs},
 };
+use tracer_common::driver::mkdev;
 
 /// What one process holds.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use std::{
     path::Path,
 };
 
-use tracer_user::source::{procfs::ProcStat, workload};
+use crate::source::{procfs::ProcStat, workload};
 
 /// What the command line put in the scope.
 #[derive(Clone, Debug, Default)]
@@ -108,7 +108,7 @@ impl Scope {
     pub fn follow_children(&mut self) {
         let mut found = Vec::new();
         for m in self.members.values_mut().filter(|m| m.alive) {
-            match tracer_user::source::procfs::stat(m.pid) {
+            match crate::source::procfs::stat(m.pid) {
                 Some(s) if s.start_ticks == m.start_ticks && s.state != 'Z' => {
                     found.extend(children(m.pid).into_iter().map(|c| (m.pid, c)));
                 }
@@ -116,7 +116,7 @@ impl Scope {
             }
         }
         for (parent, child) in found {
-            let Some(s) = tracer_user::source::procfs::stat(child) else {
+            let Some(s) = crate::source::procfs::stat(child) else {
                 continue;
             };
             let id = (child, s.start_ticks);
@@ -317,14 +317,14 @@ mod tests {
             pids: vec![me],
             ..Selectors::default()
         });
-        let own = tracer_user::source::procfs::stat(me).expect("own stat");
+        let own = crate::source::procfs::stat(me).expect("own stat");
         scope.look(&BTreeMap::from([(me, own)]));
         let mut child = std::process::Command::new("sleep")
             .arg("10")
             .spawn()
             .expect("sleep");
         scope.follow_children();
-        let started = tracer_user::source::procfs::stat(child.id()).map(|s| s.start_ticks);
+        let started = crate::source::procfs::stat(child.id()).map(|s| s.start_ticks);
         let joined = started.and_then(|t| scope.member(child.id(), t).map(|m| m.why.clone()));
         let _ = child.kill();
         let _ = child.wait();

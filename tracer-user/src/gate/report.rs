@@ -1,12 +1,12 @@
 //! The gate's answer: one JSON object, or lines for a person whose first line (also the
 //! JSON's `summary`) fits a scheduler's one-line reason, e.g. Slurm's drain reason.
 
+use crate::escape;
 use serde::Serialize;
-use tracer_user::escape;
 
 use super::{
+    decision::Gate,
     findings::{Blocker, Dead, Kind},
-    gate::Gate,
     log::Reading,
 };
 

@@ -1,8 +1,8 @@
 //! What keeps a gate closed: processes (alive) that hold the GPU files or memory, and memory
 //! NVML accounts to dead processes. Plain data, for the report.
 
+use crate::event::Workload;
 use serde::Serialize;
-use tracer_user::event::Workload;
 
 use super::{estimate::Estimate, log::LoggedHolder};
 

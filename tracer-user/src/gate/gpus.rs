@@ -7,11 +7,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use tracer_common::driver::mkdev;
-use tracer_user::{
+use crate::{
     probe::devices::{nvidia_listing, GpuDevices},
     source::machine,
 };
+use tracer_common::driver::mkdev;
 
 /// The variables a job's GPUs are read from, first set first.
 pub const JOB_VARIABLES: [&str; 3] = [

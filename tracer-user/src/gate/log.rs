@@ -12,9 +12,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::output::INCIDENT_LOG;
 use serde::Serialize;
 use serde_json::Value;
-use tracer_user::output::INCIDENT_LOG;
 
 /// Rotated files looked for: `incidents.jsonl.1` to `.9`.
 const ROTATED: usize = 9;
