@@ -6,6 +6,7 @@ mod build;
 mod cross;
 mod debian;
 mod dist;
+mod fuzz;
 mod image;
 mod kubectl;
 mod lint;
@@ -63,10 +64,18 @@ enum Command {
     },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
-    /// Write what operators install into target/dist/: the stripped x86-64 binary and a
-    /// Debian package (binary, systemd unit, Slurm kit, docs, default configuration), with
-    /// their SHA-256 sums.
+    /// Write what operators install into target/dist/: the stripped x86-64 binary, a Debian
+    /// package (binary, systemd unit, Slurm kit, docs, default configuration) and the agent's
+    /// container image, with their SHA-256 sums.
     Dist,
+    /// Fuzz a target of fuzz/ (default whole_replay: any bytes through the reader, the
+    /// analysis and every sink), seeded with the committed recordings; 60 s unless libFuzzer
+    /// options follow `--`.
+    Fuzz {
+        /// The target, then libFuzzer's options, e.g. `whole_replay -- -runs=10000000`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -76,6 +85,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run { args } => build::run(&args),
         Command::Lint => lint::run(),
         Command::Dist => dist::run().map(|_| ()),
+        Command::Fuzz { args } => fuzz::run(&args),
         Command::Test { args } => {
             budget::check()?;
             test::run(&args)
