@@ -9,7 +9,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     sync::{Mutex, Once},
     thread,
     time::{Duration, Instant},
@@ -46,28 +46,27 @@ fn base_objects() -> Vec<Value> {
     let kubectl = std::env::var("LINGER_DEBIAN_KUBECTL")
         .expect("LINGER_DEBIAN_KUBECTL: Debian's kubectl (cargo xtask test fetches it)");
     let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/base");
-    let yaml = Command::new(kubectl)
+    let mut kubectl = Command::new(kubectl)
         .arg("kustomize")
         .arg(base)
-        .output()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("kubectl kustomize");
-    assert!(yaml.status.success(), "kubectl kustomize: {yaml:?}");
+    let yaml = kubectl.stdout.take().expect("kubectl's output");
     let json = Command::new("python3")
         .args([
             "-c",
             "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(sys.stdin))))",
         ])
-        .stdin(std::fs::File::open(write_temp(&yaml.stdout)).expect("the manifest"))
+        .stdin(yaml)
         .output()
         .expect("python3 with PyYAML (cargo xtask test puts its environment first on PATH)");
+    assert!(
+        kubectl.wait().is_ok_and(|s| s.success()),
+        "kubectl kustomize failed"
+    );
     assert!(json.status.success(), "YAML to JSON: {json:?}");
     serde_json::from_slice(&json.stdout).expect("JSON")
-}
-
-fn write_temp(bytes: &[u8]) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("linger-image-test-{}.yaml", std::process::id()));
-    std::fs::write(&path, bytes).expect("a temporary file");
-    path
 }
 
 /// What the DaemonSet asks of the container runtime for the agent.
