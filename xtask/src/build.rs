@@ -87,13 +87,25 @@ pub fn integration_tests(names: &[&str], arch: Arch) -> Result<Vec<PathBuf>> {
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the tests {names:?} failed: {}", out.status);
-    }
-    let artifacts: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    let messages: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|m: &serde_json::Value| m["reason"] == "compiler-artifact")
+        .collect();
+    if !out.status.success() {
+        // With JSON output the compiler's diagnostics (a type error, the linker's "No space
+        // left on device") reach only stdout: without them the failure says nothing.
+        for rendered in messages
+            .iter()
+            .filter(|m| m["reason"] == "compiler-message")
+            .filter_map(|m| m["message"]["rendered"].as_str())
+        {
+            eprint!("{rendered}");
+        }
+        bail!("building the tests {names:?} failed: {}", out.status);
+    }
+    let artifacts: Vec<&serde_json::Value> = messages
+        .iter()
+        .filter(|m| m["reason"] == "compiler-artifact")
         .collect();
     names
         .iter()
