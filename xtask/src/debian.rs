@@ -11,15 +11,23 @@ use crate::setup;
 /// With systemd, whose units `systemd-analyze verify --root` needs, and procps, whose `kill`
 /// the unit reloads with: the package's test.
 pub fn systemd_root() -> Result<PathBuf> {
-    root("debian-12-systemd", &["systemd", "procps"])
+    root("debian-12-systemd", &["systemd", "procps"], None)
 }
 
 /// Nothing beyond minbase (bash for the health probe, glibc for the binary): the image's base.
 pub fn minbase_root() -> Result<PathBuf> {
-    root("debian-12-minbase", &[])
+    root("debian-12-minbase", &[], None)
 }
 
-fn root(name: &str, include: &[&str]) -> Result<PathBuf> {
+/// The arm64 image's base: debootstrap's first stage only (`--foreign`), which unpacks the same
+/// packages without running their scripts, since the second stage would run arm64 programs
+/// and this machine has no binfmt handler to run them through. What the image runs (glibc,
+/// bash, the binary) needs only the files; the packages stay unconfigured.
+pub fn minbase_root_arm64() -> Result<PathBuf> {
+    root("debian-12-minbase-arm64", &[], Some("arm64"))
+}
+
+fn root(name: &str, include: &[&str], foreign: Option<&str>) -> Result<PathBuf> {
     let root = setup::toolchain_dir()?.join(name);
     let done = root.join(".linger-complete");
     if done.exists() {
@@ -35,6 +43,9 @@ fn root(name: &str, include: &[&str]) -> Result<PathBuf> {
     eprintln!("xtask: a clean Debian 12 root, {name} (debootstrap, once)");
     let mut debootstrap = Command::new("debootstrap");
     debootstrap.arg("--variant=minbase");
+    if let Some(arch) = foreign {
+        debootstrap.args(["--foreign", &format!("--arch={arch}")]);
+    }
     if !include.is_empty() {
         debootstrap.arg(format!("--include={}", include.join(",")));
     }

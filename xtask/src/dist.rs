@@ -1,6 +1,7 @@
-//! `cargo xtask dist`: what an operator installs without the toolchain, in `target/dist/`: the
-//! stripped binary (eBPF embedded), a Debian package for bare-metal and Slurm nodes and the
-//! agent's container image for Kubernetes, with their SHA-256 sums.
+//! `cargo xtask dist`: what an operator installs without the toolchain, in `target/dist/`: for
+//! x86-64 and arm64 (Grace), the stripped binary (eBPF embedded), a Debian package for
+//! bare-metal and Slurm nodes and the agent's container image for Kubernetes, with their
+//! SHA-256 sums. The arm64 ones are cross-built (the same build as the arm64 VM's).
 
 use std::{
     fs,
@@ -11,11 +12,9 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build, debian, image, setup};
+use crate::{build, build::Arch, debian, image, setup};
 
-/// The package's name and the Debian architecture of this machine's build.
 const PACKAGE: &str = "linger";
-const DEB_ARCH: &str = "amd64";
 
 /// The default configuration, installed as a conffile: the agent's options are the
 /// command line's (docs/agent.md); an empty file keeps every default.
@@ -27,28 +26,70 @@ const DEFAULT_CONFIG: &str = "\
 # lean = false
 ";
 
-/// What `cargo xtask dist` wrote.
+/// One architecture of the release: its build, its names (the binary's, uname's; Debian's
+/// and OCI's, which agree) and its strip.
+struct Target {
+    arch: Arch,
+    uname: &'static str,
+    debian: &'static str,
+    strip: &'static str,
+}
+
+const TARGETS: [Target; 2] = [
+    Target {
+        arch: Arch::Host,
+        uname: "x86_64",
+        debian: "amd64",
+        strip: "strip",
+    },
+    Target {
+        arch: Arch::Aarch64,
+        uname: "aarch64",
+        debian: "arm64",
+        strip: "aarch64-linux-gnu-strip",
+    },
+];
+
+/// What `cargo xtask dist` wrote: the package and image of each architecture, amd64 first.
 pub struct Dist {
     pub deb: PathBuf,
     pub image: PathBuf,
+    pub deb_arm64: PathBuf,
+    pub image_arm64: PathBuf,
 }
 
 pub fn run() -> Result<Dist> {
-    let bin = build::linger(build::Arch::Host)?;
     let root = workspace_root();
     let dist = root.join("target/dist");
     fs::create_dir_all(&dist)?;
-    let linger = dist.join(format!("{PACKAGE}-x86_64-linux"));
-    fs::copy(&bin, &linger).with_context(|| format!("copying {}", bin.display()))?;
-    setup::status(Command::new("strip").arg(&linger))?;
-    let deb = package(&root, &linger, &dist)?;
-    let base = debian::minbase_root()?;
-    let image = image::build(&root, &base, &linger, &version(&root)?, DEB_ARCH, &dist)?;
-    sums(&dist, &[&linger, &deb, &image])?;
-    for file in [&linger, &deb, &image] {
+    let version = version(&root)?;
+    let mut written = Vec::new();
+    for target in &TARGETS {
+        let bin = build::linger(target.arch)?;
+        let linger = dist.join(format!("{PACKAGE}-{}-linux", target.uname));
+        fs::copy(&bin, &linger).with_context(|| format!("copying {}", bin.display()))?;
+        setup::status(Command::new(target.strip).arg(&linger))?;
+        let deb = package(&root, &linger, target.debian, &dist)?;
+        let base = match target.arch {
+            Arch::Host => debian::minbase_root()?,
+            Arch::Aarch64 => debian::minbase_root_arm64()?,
+        };
+        let image = image::build(&root, &base, &linger, &version, target.debian, &dist)?;
+        written.extend([linger, deb, image]);
+    }
+    let files: Vec<&Path> = written.iter().map(PathBuf::as_path).collect();
+    sums(&dist, &files)?;
+    for file in &written {
         eprintln!("xtask dist: {}", file.display());
     }
-    Ok(Dist { deb, image })
+    let [_, deb, image, _, deb_arm64, image_arm64] = <[PathBuf; 6]>::try_from(written)
+        .map_err(|_| anyhow::anyhow!("two architectures write three files each"))?;
+    Ok(Dist {
+        deb,
+        image,
+        deb_arm64,
+        image_arm64,
+    })
 }
 
 fn workspace_root() -> PathBuf {
@@ -71,7 +112,7 @@ fn version(root: &Path) -> Result<String> {
 }
 
 /// Lays out the package's tree and builds it with dpkg-deb.
-fn package(root: &Path, linger: &Path, dist: &Path) -> Result<PathBuf> {
+fn package(root: &Path, linger: &Path, arch: &str, dist: &Path) -> Result<PathBuf> {
     let version = version(root)?;
     let tree = dist.join("deb");
     if tree.exists() {
@@ -122,8 +163,8 @@ fn package(root: &Path, linger: &Path, dist: &Path) -> Result<PathBuf> {
     let control = tree.join("DEBIAN");
     fs::create_dir_all(&control)?;
     fs::write(control.join("conffiles"), "/etc/linger/linger.toml\n")?;
-    fs::write(control.join("control"), control_file(&version))?;
-    let deb = dist.join(format!("{PACKAGE}_{version}_{DEB_ARCH}.deb"));
+    fs::write(control.join("control"), control_file(&version, arch))?;
+    let deb = dist.join(format!("{PACKAGE}_{version}_{arch}.deb"));
     if setup::which("dpkg-deb").is_none() {
         bail!("dpkg-deb (Debian's dpkg) is needed to build the package");
     }
@@ -137,11 +178,11 @@ fn package(root: &Path, linger: &Path, dist: &Path) -> Result<PathBuf> {
     Ok(deb)
 }
 
-fn control_file(version: &str) -> String {
+fn control_file(version: &str, arch: &str) -> String {
     format!(
         "Package: {PACKAGE}\n\
          Version: {version}\n\
-         Architecture: {DEB_ARCH}\n\
+         Architecture: {arch}\n\
          Maintainer: linger developers <linger@users.noreply.github.com>\n\
          Depends: libc6 (>= 2.34)\n\
          Section: admin\n\

@@ -34,7 +34,7 @@ pub fn build(
     }
     let name = format!("{REPOSITORY}:{version}");
     // The base as one layer, without what debootstrap leaves that a container gets from its
-    // runtime (/dev, /proc, /sys) or that is ours (the completion mark).
+    // runtime (/dev, /proc, /sys), its downloads, or what is ours (the completion mark).
     let layer = dist.join(format!("base-{arch}.tar"));
     setup::status(
         Command::new("tar")
@@ -45,6 +45,8 @@ pub fn build(
                 "--exclude=./proc/*",
                 "--exclude=./sys/*",
                 "--exclude=./.linger-complete",
+                // The first stage's own files, on the arm64 base (debian::minbase_root_arm64).
+                "--exclude=./debootstrap",
                 "--exclude=./var/cache/apt/archives/*.deb",
                 "-cf",
             ])

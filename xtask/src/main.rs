@@ -64,9 +64,9 @@ enum Command {
     },
     /// Run the benchmarks and rewrite BENCHMARKS.md.
     Bench(bench::Args),
-    /// Write what operators install into target/dist/: the stripped x86-64 binary, a Debian
-    /// package (binary, systemd unit, Slurm kit, docs, default configuration) and the agent's
-    /// container image, with their SHA-256 sums.
+    /// Write what operators install into target/dist/, for x86-64 and arm64: the stripped
+    /// binary, a Debian package (binary, systemd unit, Slurm kit, docs, default configuration)
+    /// and the agent's container image, with their SHA-256 sums.
     Dist,
     /// Fuzz a target of fuzz/ (default whole_replay: any bytes through the reader, the
     /// analysis and every sink), seeded with the committed recordings; 60 s unless libFuzzer

@@ -35,8 +35,12 @@ pub fn run(args: &[String]) -> Result<()> {
         vm::install(&["systemd"])?;
     }
     // The Debian package, installed by its test into a clean Debian 12 root; the agent's
-    // image, run by its test with the DaemonSet's security settings.
+    // image, run by its test with the DaemonSet's security settings; their arm64 twins.
     let dist = crate::dist::run()?;
+    // The arm64 image's test runs its binary under qemu's user mode.
+    if crate::setup::which("qemu-aarch64-static").is_none() {
+        vm::install(&["qemu-user-static"])?;
+    }
     let debian_root = crate::debian::systemd_root()?;
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
@@ -54,6 +58,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("LINGER_DEBIAN_KUBECTL", kubectl)
         .env("LINGER_DEB", dist.deb)
         .env("LINGER_IMAGE", dist.image)
+        .env("LINGER_DEB_ARM64", dist.deb_arm64)
+        .env("LINGER_IMAGE_ARM64", dist.image_arm64)
         .env("LINGER_DEBIAN_ROOT", debian_root)
         .env("PATH", front_of_path(&python)?);
     let counts = cargo_test(&mut cargo);
