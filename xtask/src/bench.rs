@@ -4,6 +4,7 @@
 //! Every figure comes from runs made side by side in this one invocation: the machine is
 //! shared and noisy, so only ratios and rates measured close together mean anything.
 
+mod fuzz;
 mod gate;
 mod ioctl;
 mod report;
@@ -82,6 +83,8 @@ pub struct Plan {
     pub gate_seconds: f64,
     pub gate_rounds: u32,
     pub gate_extra: u32,
+    /// Executions of the whole-replay fuzz campaign, over one job per CPU.
+    pub fuzz_runs: u64,
 }
 
 impl Plan {
@@ -123,6 +126,7 @@ impl Plan {
             gate_seconds: 5.0,
             gate_rounds: 20,
             gate_extra: 1000,
+            fuzz_runs: fuzz::RUNS_TARGET,
         }
     }
 
@@ -158,6 +162,7 @@ impl Plan {
             soak_kills: 10_000,
             gate_seconds: 1.0,
             gate_rounds: 3,
+            fuzz_runs: 20_000,
             ..Self::full()
         }
     }
@@ -208,6 +213,8 @@ pub struct Results {
     pub soak: Measured,
     /// `linger wait`'s own cost.
     pub gate: Measured,
+    /// The whole-replay fuzz campaign.
+    pub fuzz: Measured,
 }
 
 /// Where and when the figures were taken.
@@ -351,7 +358,11 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
     }
     let tax = storm("syscalls", plan.tax_calls, plan.tax_rounds, &variants)?;
     let (soak, gate) = soak_and_gate(root, plan, &nice)?;
+    // Last: about twenty minutes of CPU-bound work on every CPU, timing nothing else.
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let fuzz = fuzz::campaign(root, plan.fuzz_runs, jobs)?;
     Ok(Results {
+        fuzz,
         gate,
         soak,
         storm: storms,

@@ -37,31 +37,8 @@ pub fn run(args: &[String]) -> Result<()> {
         Some((t, rest)) if !t.starts_with('-') => (t.as_str(), rest),
         _ => ("whole_replay", args),
     };
-    setup::run()?;
     let root = workspace_root();
-    let fuzz = root.join("fuzz");
-    let triple = "x86_64-unknown-linux-gnu";
-    setup::status(
-        Command::new("rustup")
-            .args([
-                "run",
-                setup::EBPF_NIGHTLY,
-                "cargo",
-                "build",
-                "--locked",
-                "--release",
-            ])
-            .args(["--target", triple, "--bin", target])
-            .arg("--manifest-path")
-            .arg(fuzz.join("Cargo.toml"))
-            .env("RUSTFLAGS", SANCOV.join(" ")),
-    )
-    .context("building the fuzz target")?;
-    let bin = fuzz
-        .join("target")
-        .join(triple)
-        .join("release")
-        .join(target);
+    let bin = build(target)?;
     let corpus = root.join("target/fuzz/corpus").join(target);
     seed(&root.join("tests/data"), &corpus)?;
     let mut libfuzzer = Command::new(&bin);
@@ -79,9 +56,37 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds the fuzz target `target` with libFuzzer's instrumentation; returns its path.
+pub fn build(target: &str) -> Result<PathBuf> {
+    setup::run()?;
+    let fuzz = workspace_root().join("fuzz");
+    let triple = "x86_64-unknown-linux-gnu";
+    setup::status(
+        Command::new("rustup")
+            .args([
+                "run",
+                setup::EBPF_NIGHTLY,
+                "cargo",
+                "build",
+                "--locked",
+                "--release",
+            ])
+            .args(["--target", triple, "--bin", target])
+            .arg("--manifest-path")
+            .arg(fuzz.join("Cargo.toml"))
+            .env("RUSTFLAGS", SANCOV.join(" ")),
+    )
+    .context("building the fuzz target")?;
+    Ok(fuzz
+        .join("target")
+        .join(triple)
+        .join("release")
+        .join(target))
+}
+
 /// Copies every committed recording (`.trace`, `.lgr`) of at most [`MAX_LEN`] bytes below
 /// `data` into `corpus`.
-fn seed(data: &Path, corpus: &Path) -> Result<()> {
+pub fn seed(data: &Path, corpus: &Path) -> Result<()> {
     fs::create_dir_all(corpus)?;
     let mut todo: Vec<PathBuf> = vec![data.to_path_buf()];
     while let Some(dir) = todo.pop() {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::{
-    gate, ioctl, ring,
+    fuzz, gate, ioctl, ring,
     rounds::Rounds,
     sampling, soak,
     stats::{summarize, Summary},
@@ -49,6 +49,7 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
     tax::section(&mut body, plan, &results.tax, &mut targets)?;
     soak::section(&mut body, &results.soak, &mut targets)?;
     gate::section(&mut body, &results.gate, &mut targets)?;
+    fuzz::section(&mut body, &results.fuzz, &mut targets)?;
 
     let mut md = String::new();
     md.push_str("# Benchmarks\n\n");
