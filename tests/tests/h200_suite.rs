@@ -575,6 +575,33 @@ const CHANGED: &[(&str, &str, &[&str], &str)] = &[
          once a reading no longer lists it and no other process's figure rose (`confirmed`), \
          not when NVML's account of the whole storm reached its share (up to 97 ms later)",
     ),
+    (
+        "pass15",
+        "xid-fault",
+        XID_ACTION,
+        "issue 51: each Xid carries NVIDIA's catalog's immediate action (Xid 31: RESTART_APP, \
+         restart the application), and the verdict's hint starts with it",
+    ),
+    ("lean6", "xid-fault", XID_ACTION, "issue 51: as in pass15"),
+    (
+        "pass15",
+        "xid-survivor",
+        XID_ACTION,
+        "issue 51: as in xid-fault",
+    ),
+    (
+        "lean6",
+        "xid-survivor",
+        XID_ACTION,
+        "issue 51: as in xid-fault",
+    ),
+];
+
+/// An Xid's catalog action and the hint that starts with it (issue 51).
+const XID_ACTION: &[&str] = &[
+    "/gpu_errors/0/action",
+    "/gpu_errors/0/recommended",
+    "/verdict/hint",
 ];
 
 /// The last record of each incident, by incident id, without the fields `changed` names.

@@ -8,6 +8,7 @@
 #[macro_use]
 mod wire;
 
+pub mod asleep;
 pub mod driver;
 pub mod offsets;
 pub mod records;

@@ -2,6 +2,7 @@
 #![no_std]
 #![no_main]
 
+mod asleep;
 mod bench;
 mod doctor;
 mod driver_files;

@@ -10,6 +10,7 @@ use aya_ebpf::{
 use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
 
 use crate::{
+    asleep::note_if_holder_asleep,
     emit::{count_loss, current_ids, emit, now_ns},
     search::walk_if_wanted,
     task::{switch_passes_prev_state, Task},
@@ -159,9 +160,6 @@ fn keep_oncpu(owner: u32) -> bool {
 #[btf_tracepoint(function = "sched_switch")]
 pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
     walk_if_wanted(&ctx);
-    if !anyone_dying() {
-        return 0;
-    }
     let prev_state: u32 = if switch_passes_prev_state() {
         ctx.arg(3)
     } else if ctx.arg::<u8>(0) != 0 {
@@ -170,6 +168,10 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
     } else {
         Task(ctx.arg::<*const u8>(1)).state()
     };
+    note_if_holder_asleep(&ctx, prev_state);
+    if !anyone_dying() {
+        return 0;
+    }
     let (tgid, tid) = current_ids();
     // Going to sleep (not merely preempted, nor dead for good): remember where.
     if prev_state != 0 && prev_state & TASK_DEAD == 0 {

@@ -250,6 +250,18 @@ pub enum EventData {
     Gpus {
         gpus: Vec<GpuInfo>,
     },
+    /// A GPU holder's thread (the event's pid and tid) has slept uninterruptibly since
+    /// `since_ns` with the NVIDIA driver on its kernel stack (`frames`, innermost first,
+    /// named where it was recorded), for at least the collector's threshold.
+    Stuck {
+        since_ns: u64,
+        comm: String,
+        frames: Vec<String>,
+    },
+    /// That thread, stuck since `since_ns`, ran again or is gone.
+    StuckCleared {
+        since_ns: u64,
+    },
 }
 
 /// Where a GPU error was read.
@@ -299,7 +311,7 @@ pub enum LossKind {
     Holders,
     /// Dying GPU processes (their stack samples).
     Dying,
-    /// Sleeps of dying processes' threads.
+    /// Sleeps of dying processes' threads, and uninterruptible sleeps of GPU holders'.
     Blocked,
     /// Driver kthreads working for a dying process.
     Helpers,

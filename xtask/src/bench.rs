@@ -236,6 +236,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let root = build::workspace_root();
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
+    // What is built now is what is measured: the tree may change while the benchmarks run.
+    let commit = commit(&root);
     build::linger(build::Arch::Host)?;
     let mut cargo = build::cargo()?;
     cargo
@@ -246,6 +248,7 @@ pub fn run(args: Args) -> Result<()> {
         cargo.args(["--bin", bin]);
     }
     setup::status(&mut cargo)?;
+    let fuzz_target = crate::fuzz::build(fuzz::TARGET)?;
     // The kill-exec storm runs beside bpftrace on the same hooks too.
     if setup::which("bpftrace").is_none() {
         crate::vm::install(&["bpftrace"])?;
@@ -258,14 +261,14 @@ pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let load_before = loadavg();
     let date = output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])?;
-    let results = run_all(&root, &plan)?;
+    let results = run_all(&root, &plan, &fuzz_target)?;
     let machine = Machine {
         nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         cpu: cpu_model(),
         virtualized: cpu_flags().contains(&"hypervisor".to_string()),
         date,
-        commit: commit(&root),
+        commit,
         load_before,
         load_after: loadavg(),
         duration_s: started.elapsed().as_secs_f64(),
@@ -283,7 +286,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Every benchmark of the plan, in the report's order.
-fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
+fn run_all(root: &Path, plan: &Plan, fuzz_target: &Path) -> Result<Results> {
     let nice = plan.nice.to_string();
     let storm = |workload: &str, iterations: u32, rounds: u32, extra: &[&str]| {
         let iterations = iterations.to_string();
@@ -360,7 +363,7 @@ fn run_all(root: &Path, plan: &Plan) -> Result<Results> {
     let (soak, gate) = soak_and_gate(root, plan, &nice)?;
     // Last: about twenty minutes of CPU-bound work on every CPU, timing nothing else.
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-    let fuzz = fuzz::campaign(root, plan.fuzz_runs, jobs)?;
+    let fuzz = fuzz::campaign(root, fuzz_target, plan.fuzz_runs, jobs)?;
     Ok(Results {
         fuzz,
         gate,

@@ -79,6 +79,8 @@ pub struct XidLabels {
     #[prometheus(flatten)]
     pub gpu: GpuLabels,
     pub xid: String,
+    /// NVIDIA's catalog's immediate action (`RESET_GPU`, ...); empty where it gives none.
+    pub action: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -30,7 +30,7 @@ use super::{
     node::Host,
 };
 use crate::{
-    analysis::{gpu_errors, Incident, Output as Record},
+    analysis::{gpu_errors, xid_catalog, Incident, Output as Record},
     event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
     source::cost::{Cost, Part},
 };
@@ -90,6 +90,7 @@ pub struct Metrics {
     unattributed: Family<GpuLabels, Gauge>,
     collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
+    stuck_threads: Gauge,
     /// Xids come from the driver's tracepoint: their kernel-log lines are not new errors.
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
@@ -180,6 +181,13 @@ impl Metrics {
                 "linger_gpu_errors",
                 "GPU errors (Xids) the NVIDIA driver reported",
                 Family::default(),
+            ),
+            stuck_threads: registered(
+                r,
+                "linger_stuck_threads",
+                "Threads of GPU processes asleep uninterruptibly in the NVIDIA driver past \
+                 --stuck-after (their `stuck` records say where)",
+                Gauge::default(),
             ),
             xid_tracepoint: false,
             lost: registered(
@@ -296,6 +304,10 @@ impl Metrics {
                     .get_or_create(&XidLabels {
                         gpu: self.gpu_labels(gpu),
                         xid: xid.to_string(),
+                        action: xid_catalog::entry(*xid)
+                            .and_then(|e| e.action)
+                            .unwrap_or_default()
+                            .to_string(),
                     })
                     .inc();
             }
@@ -324,6 +336,13 @@ impl Metrics {
     }
 
     pub fn on_record(&mut self, record: &Record) {
+        if let Record::Stuck(stuck) = record {
+            if stuck.cleared {
+                self.stuck_threads.dec();
+            } else {
+                self.stuck_threads.inc();
+            }
+        }
         let Record::Incident(inc) = record else {
             return;
         };

@@ -149,6 +149,7 @@ fn every_xid_counts_once_with_the_gpu_nvml_names_at_its_bus() {
         let labels = XidLabels {
             gpu: m.gpu_labels(gpu),
             xid: "31".into(),
+            action: "RESTART_APP".into(),
         };
         m.gpu_errors.get(&labels).map_or(0, |c| c.get())
     };
@@ -175,7 +176,7 @@ fn gpu_series_carry_dcgm_exporters_identity_labels_and_the_chosen_host_label() {
                     pci_bus_id=\"00000000:3B:00.0\",device=\"nvidia5\",hostname=\"n1\"";
     let out = text(&registry);
     for series in [
-        format!("linger_gpu_errors_total{{{identity},xid=\"31\"}} 1"),
+        format!("linger_gpu_errors_total{{{identity},xid=\"31\",action=\"RESTART_APP\"}} 1"),
         format!("linger_gpu_memory_unattributed_bytes{{{identity}}} 1073741824"),
     ] {
         assert!(out.contains(&series), "{series} in\n{out}");

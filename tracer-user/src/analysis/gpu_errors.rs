@@ -7,7 +7,10 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 pub use super::incident::GpuError;
-use super::incident::{ExitStatus, Incident};
+use super::{
+    incident::{ExitStatus, Incident},
+    xid_catalog,
+};
 use crate::event::{GpuInfo, XidSource};
 
 /// How long an Xid waits for an incident of the process it names (or, naming none, of a
@@ -78,6 +81,8 @@ impl XidBook {
         let error = GpuError {
             xid,
             meaning: meaning(xid),
+            action: xid_catalog::entry(xid).and_then(|e| e.action),
+            recommended: xid_catalog::recommended(xid),
             t_ns,
             at_ms: None,
             pci: pci.to_string(),
@@ -308,7 +313,10 @@ pub fn meaning(xid: u32) -> &'static str {
         121 => "C2C link error",
         140 => "unrecovered ECC error",
         154 => "GPU recovery action changed",
-        _ => "see NVIDIA's Xid catalog",
+        _ => xid_catalog::entry(xid)
+            .map(|e| e.description)
+            .filter(|d| !d.is_empty() && *d != "Unused")
+            .unwrap_or("see NVIDIA's Xid catalog"),
     }
 }
 

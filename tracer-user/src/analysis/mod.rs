@@ -16,11 +16,13 @@ mod references;
 pub mod signals;
 pub mod stats;
 pub mod storm;
+pub mod stuck;
 pub mod teardown;
 pub mod termination;
 #[cfg(test)]
 mod tests;
 pub mod verdict;
+pub mod xid_catalog;
 
 pub use correlate::{Correlator, CorrelatorConfig, Output};
 pub use demands::Demands;

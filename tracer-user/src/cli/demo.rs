@@ -38,6 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The demo child holds no GPU memory.
         no_nvml: true,
         sample_hz: 4999,
+        stuck_after: Duration::from_nanos(tracer_user::probe::config::STUCK_AFTER_NS),
         no_ioctls: false,
         lean: false,
         syscall_hooks: false,

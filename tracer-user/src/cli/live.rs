@@ -45,6 +45,10 @@ pub struct Args {
     /// GPU memory not back this long after its process died is reported as lingering.
     #[arg(long, value_parser = duration::parse, default_value = "30s")]
     pub linger_after: Duration,
+    /// A GPU process's thread asleep uninterruptibly in the NVIDIA driver this long is
+    /// reported stuck, and again once it moves on (0: not watched).
+    #[arg(long, value_parser = duration::parse, default_value = "10s")]
+    pub stuck_after: Duration,
     /// On-CPU kernel stack samples per second of dying GPU processes (0: none).
     #[arg(long, default_value_t = 4999)]
     pub sample_hz: u64,
@@ -146,6 +150,7 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
             ioctls: !args.no_ioctls,
             lean: args.lean,
             syscall_hooks: args.syscall_hooks,
+            stuck_after_ns: args.stuck_after.as_nanos() as u64,
         },
         analysis: CorrelatorConfig {
             pids: args.pids.clone(),

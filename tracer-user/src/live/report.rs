@@ -192,6 +192,10 @@ pub fn stamp(record: &mut Record, node: &Node, anchor: &WallAnchor) {
             r.node = Some(node.clone());
             r.wall_time = anchor.rfc3339(r.error.t_ns);
         }
+        Record::Stuck(r) => {
+            r.node = Some(node.clone());
+            r.wall_time = anchor.rfc3339(r.t_ns);
+        }
         Record::Signal(_) => {}
     }
 }

@@ -53,7 +53,14 @@ pub struct ProbeConfig {
     /// Where the driver's functions cannot be hooked, use the system call tracepoints even
     /// when the NVIDIA libraries can be (`--syscall-hooks`).
     pub syscall_hooks: bool,
+    /// A GPU holder's thread asleep uninterruptibly with the driver on its stack this long is
+    /// reported stuck (0: not watched).
+    pub stuck_after_ns: u64,
 }
+
+/// `--stuck-after`'s default: far past any driver call's own uninterruptible waits (a large
+/// allocation's scrub, a GSP call), well before anyone gives up on the node.
+pub const STUCK_AFTER_NS: u64 = 10_000_000_000;
 
 impl Default for ProbeConfig {
     fn default() -> Self {
@@ -67,6 +74,7 @@ impl Default for ProbeConfig {
             lean: false,
             driver_hooks: DriverHooks::Auto,
             syscall_hooks: false,
+            stuck_after_ns: STUCK_AFTER_NS,
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct Probes {
     pub(super) dying_seen: Option<u32>,
     /// The hint was cleared since the sampler last read it.
     pub(super) hint_cleared: bool,
+    /// See `ProbeConfig::stuck_after_ns`.
+    stuck_after_ns: u64,
 }
 
 impl Probes {
@@ -61,6 +63,7 @@ impl Probes {
         probes.fill_gpu_devices(&config.gpu_devices)?;
         probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
         probes.ioctls = config.ioctls;
+        probes.stuck_after_ns = config.stuck_after_ns;
         let wanted = Wanted {
             lean: config.lean,
             syscall_hooks: config.syscall_hooks,
@@ -105,7 +108,13 @@ impl Probes {
             dying_seen: None,
             hint_cleared: false,
             ioctls: false,
+            stuck_after_ns: 0,
         }
+    }
+
+    /// See `ProbeConfig::stuck_after_ns`.
+    pub fn stuck_after_ns(&self) -> u64 {
+        self.stuck_after_ns
     }
 
     /// Attaches each entry of a hook table whose gate this kernel opens.

@@ -3,6 +3,8 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
 
+use tracer_common::asleep::Asleep;
+
 use super::{devices::GpuDevices, load::Probes};
 use crate::error::{ObjectError, Result};
 
@@ -71,6 +73,17 @@ impl Probes {
     pub fn take_stacks(&mut self) -> Result<StackTraceMap<MapData>> {
         let map = self.take_map("STACKS")?;
         Ok(StackTraceMap::try_from(map).map_err(ObjectError::map("STACKS"))?)
+    }
+
+    /// Takes the holders' uninterruptible sleeps and their stacks out for the stuck watch.
+    pub fn take_asleep(
+        &mut self,
+    ) -> Result<(HashMap<MapData, u32, Asleep>, StackTraceMap<MapData>)> {
+        let sleeps = self.take_map("HOLDERS_ASLEEP")?;
+        let sleeps = HashMap::try_from(sleeps).map_err(ObjectError::map("HOLDERS_ASLEEP"))?;
+        let stacks = self.take_map("ASLEEP_STACKS")?;
+        let stacks = StackTraceMap::try_from(stacks).map_err(ObjectError::map("ASLEEP_STACKS"))?;
+        Ok((sleeps, stacks))
     }
 
     /// Takes the per-CPU drop counter out for the reader.

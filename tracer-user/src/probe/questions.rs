@@ -172,6 +172,18 @@ fn release_questions(strategy: &Strategy) -> Vec<Question> {
             xids,
             "fires on GPU errors only; the kernel log is read by linger's own thread",
         ),
+        q(
+            "what NVIDIA says to do about each Xid",
+            "NVIDIA's Xid catalog, kept in linger (Xid 1-172): no hook",
+            "the same",
+            "none",
+        ),
+        q(
+            "a GPU process's thread stuck in the driver, without a kill",
+            "tp_btf/sched_switch: a GPU holder's thread switching out in uninterruptible sleep              leaves its time and kernel stack; once a second linger's thread looks at those past              --stuck-after in /proc",
+            "the same",
+            "every context switch tests its state (one more read of the task on kernels before              5.18); a GPU holder's uninterruptible sleep, a map lookup, a stack and an insert",
+        ),
     ]
 }
 

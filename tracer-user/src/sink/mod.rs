@@ -7,3 +7,4 @@ pub mod perfetto;
 pub mod phases;
 pub mod stats_svg;
 pub mod text;
+mod text_records;

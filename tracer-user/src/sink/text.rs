@@ -2,9 +2,10 @@
 
 use std::fmt::Write as _;
 
+use super::text_records as records;
+
 use crate::{
     analysis::{
-        gpu_errors::GpuError,
         holders::How,
         incident::{Action, GpuImpact, GpuPart, Incident, Outcome, ReapHow, Source},
         memory::ImportVia,
@@ -16,11 +17,11 @@ use crate::{
     event::LossKind,
 };
 
-const INDENT: &str = "              ";
+pub(super) const INDENT: &str = "              ";
 
 /// Untrusted text (names any process can choose, and sentences built from them) for a line of
 /// the report.
-fn e(s: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn e(s: &str) -> std::borrow::Cow<'_, str> {
     crate::escape::terminal(s)
 }
 
@@ -29,23 +30,9 @@ pub fn render(out: &Output, anchor: &WallAnchor) -> String {
         Output::Incident(inc) if inc.record_type == "incident_update" => render_update(inc, anchor),
         Output::Incident(inc) => render_incident(inc, anchor),
         Output::Signal(n) => render_notice(n, anchor),
-        Output::GpuError(r) => render_gpu_error(&r.error, anchor),
+        Output::GpuError(r) => records::gpu_error(&r.error, anchor),
+        Output::Stuck(r) => records::stuck(r, anchor),
     }
-}
-
-/// An Xid no incident took.
-fn render_gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
-    let whose = match (x.pid, &x.process_name) {
-        (Some(p), Some(n)) => format!(" · {}[{p}]", e(n)),
-        (Some(p), None) => format!(" · pid {p}"),
-        (None, _) => String::new(),
-    };
-    format!(
-        "{}  XID      {}{whose} · no incident followed\n{INDENT}{}\n",
-        anchor.format_local(x.t_ns),
-        x.describe(),
-        e(&x.message)
-    )
 }
 
 fn render_incident(inc: &Incident, anchor: &WallAnchor) -> String {

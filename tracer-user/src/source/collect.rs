@@ -100,6 +100,9 @@ pub async fn run_tapped(
                     for loss in source.poll_losses(now, LOSS_PERIOD) {
                         push(&mut batch, tap, loss);
                     }
+                    for stuck in source.poll_asleep(now) {
+                        push(&mut batch, tap, stuck);
+                    }
                     driver_check(&mut source, gpu.as_deref_mut(), &mut batch, tap, now);
                 }
                 let tick = Event::collector(now, EventData::Tick);

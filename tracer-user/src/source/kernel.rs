@@ -6,7 +6,7 @@ use aya::maps::{MapData, PerCpuArray, RingBuf};
 use log::warn;
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::decode::decode;
+use super::{asleep::AsleepWatch, decode::decode};
 use crate::{
     error::Result,
     event::{Event, EventData, Strategy},
@@ -21,6 +21,8 @@ pub struct KernelSource {
     /// What was reported of each slot so far.
     reported: [u64; tracer_common::Loss::COUNT],
     undecodable: u64,
+    /// Holders' threads stuck in the driver; None with `stuck_after` 0.
+    asleep: Option<AsleepWatch>,
     probes: Probes,
 }
 
@@ -34,11 +36,19 @@ impl KernelSource {
             .map_err(|e| e.into_parts().1)?;
 
         let drops = probes.take_drops()?;
+        let asleep = match probes.stuck_after_ns() {
+            0 => None,
+            after_ns => {
+                let (sleeps, stacks) = probes.take_asleep()?;
+                Some(AsleepWatch::new(sleeps, stacks, after_ns))
+            }
+        };
         Ok(Self {
             ring,
             drops,
             reported: Default::default(),
             undecodable: 0,
+            asleep,
             probes,
         })
     }
@@ -149,6 +159,13 @@ impl KernelSource {
             }
         }
         out
+    }
+
+    /// Holders' threads newly stuck in the driver, and those no longer (see [`AsleepWatch`]).
+    pub fn poll_asleep(&mut self, now_ns: u64) -> Vec<Event> {
+        self.asleep
+            .as_mut()
+            .map_or_else(Vec::new, |watch| watch.poll(now_ns))
     }
 
     /// Records the kernel dropped from the ring buffer since loading.

@@ -1,5 +1,6 @@
 //! Where events come from.
 
+mod asleep;
 pub mod collect;
 pub mod cost;
 pub mod decode;

@@ -14,11 +14,11 @@ pub const RUNS_TARGET: u64 = 10_000_000;
 /// Inputs are cut to this length: a whole replay of small inputs runs thousands of times a
 /// second, of the 256 KiB recordings a few times (CI's minute runs those whole).
 pub const MAX_LEN: u64 = 4096;
-const TARGET: &str = "whole_replay";
+pub const TARGET: &str = "whole_replay";
 
-/// Builds the target and runs `runs` executions in all, split over `jobs` processes.
-pub fn campaign(root: &Path, runs: u64, jobs: u64) -> Result<Measured> {
-    let bin = crate::fuzz::build(TARGET)?;
+/// Runs `runs` executions of the fuzz target `bin` (built with the benchmarks) in all, split
+/// over `jobs` processes.
+pub fn campaign(root: &Path, bin: &Path, runs: u64, jobs: u64) -> Result<Measured> {
     let work = root.join("target/bench/fuzz");
     let corpus = work.join("corpus");
     if work.exists() {
@@ -41,7 +41,7 @@ pub fn campaign(root: &Path, runs: u64, jobs: u64) -> Result<Measured> {
     );
     eprintln!("\nxtask bench: {command}");
     let started = Instant::now();
-    let status = Command::new(&bin)
+    let status = Command::new(bin)
         .arg(&corpus)
         .args(&options)
         .current_dir(&work)

@@ -131,9 +131,9 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
 /// The previous report's storm figures (a86e01f, measured at f0898ce): workload, slowdown,
 /// `linger live` CPU µs and wake-ups per iteration.
 const PREVIOUS_STORMS: [(&str, f64, f64, f64); 3] = [
-    ("kill-threads", 1.059, 21.1, 0.0),
-    ("kill-exec", 1.050, 16.4, 0.0),
-    ("spawn-true", 1.009, 4.7, 0.0),
+    ("kill-threads", 1.071, 25.6, 0.0),
+    ("kill-exec", 1.066, 16.9, 0.0),
+    ("spawn-true", 0.979, 6.3, 0.1),
 ];
 
 /// What changed since the previous report, for readers comparing the two.
@@ -142,20 +142,20 @@ fn changes(storms: &[Measured]) -> Result<String> {
         "
 ## Since the previous report
 
-The previous report (a86e01f) was measured at f0898ce (2026-12-04 18:30 UTC) on a virtual \
+The previous report (83c1aee) was measured at 84b2858 (2026-12-05 13:38 UTC) on a virtual \
 machine of the same kind (2 CPUs, an AMD EPYC). Since then:
 
-- **Machine**: a fresh virtual machine (booted 2026-12-04 21:14 UTC) whose system calls are \
-several times slower (section 2b: getppid untraced 8.71 M/s in the previous report, 2.34 M/s \
-in this one). Figures tied to the rate of system calls (the ring's offered rates, which the \
-generators cannot raise past 1.3 M/s here; added ns per call) moved with the machine; only the \
-ratios measured side by side compare.
-- **Tracer**: in the eBPF programs, four map inserts that failed silently now count a loss \
-(failure paths only), and the fd hook uses arm64's system call numbers there (x86-64's are \
-unchanged). In the collector, the live pipeline is a library function, NVML is read on a CPU \
-budget (no NVML here), and the correlator keeps its cases in one table; every committed \
-recording replays to the same bytes.
-- **Benchmarks**: section 8, the gate (`linger wait`), is new.
+- **Machine**: another virtual machine of that kind (booted 2026-12-06 14:22 UTC). Figures tied \
+to the rate of system calls (section 2b, the ring's offered rates, added ns per call) move with \
+the machine; only the ratios measured side by side compare.
+- **Tracer**: the scheduler program now also keeps GPU holders' uninterruptible sleeps for the \
+stuck-thread watch: every context switch tests the state it switches out in, and only a GPU \
+holder's uninterruptible sleep costs more (a lookup, its stack, an insert). With the system call \
+tracepoints (`--syscall-hooks` here) a reap through waitid is seen at its exit too, and wait4 \
+calls that report only stopped or continued children are left out. The agent names incidents \
+by the node's name.
+- **Benchmarks**: section 9, the whole replay under libFuzzer, is new; the commit is read, and \
+everything measured built, before the first benchmark runs.
 - **Storms**, previous report → this one (another machine: the slowdowns compare only roughly):
 ",
     );

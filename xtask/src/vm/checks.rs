@@ -4,7 +4,8 @@
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
 //! needs no system call tracepoint (by_driver.rs), nor before or after a driver registers
-//! late (late_driver.rs); and the host's integration tests of `HOST_TESTS` pass there.
+//! late (late_driver.rs); a close stuck in the driver is reported and cleared (stuck.rs); and the
+//! host's integration tests of `HOST_TESTS` pass there.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -15,6 +16,7 @@ mod by_driver;
 mod compat;
 mod driver;
 mod late_driver;
+mod stuck;
 mod timeline;
 
 /// /tmp/gpu0, a node of /dev/full's number (char 1:7), in the kernel's dev_t encoding.
@@ -39,6 +41,7 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
         ("kprobe", scenario(&guest, "kprobe")),
         ("by-driver", by_driver::check(&guest)),
         ("late-driver", late_driver::check(&guest)),
+        ("stuck", stuck::check(&guest)),
     ]
     .map(|(name, result)| (name.to_string(), result));
     let host_tests = super::HOST_TESTS.iter().map(|name| {

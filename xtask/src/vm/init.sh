@@ -201,6 +201,37 @@ tagged driver-err /tmp/live.err
 say driver-replay-exit $?
 tagged driver-replay-out /tmp/replay.out
 tagged driver-replay-err /tmp/replay.err
+# A wedge without a kill: a GPU process's close of nvidia0 sleeps uninterruptibly in the
+# driver's queue flush for 6 s (stall_ms); with --stuck-after 2s its thread is reported stuck,
+# and again once the close returns. A second GPU process is stopped (SIGSTOP) all along: a
+# stopped process is not stuck.
+rm -f /tmp/live.* /tmp/held /tmp/held2
+/linger live --json --no-nvml --stuck-after 2s > /tmp/live.out 2> /tmp/live.err &
+live=$!
+if await /tmp/live.err "linger: tracing" 1200 $live; then
+    sh -c 'exec 5<>/tmp/nvidia0; echo held > /tmp/held2; exec sleep 600' &
+    stopped=$!
+    await /tmp/held2 held 300
+    kill -STOP $stopped
+    echo 6000 > /sys/module/nvidia/parameters/stall_ms
+    sh -c 'exec 5<>/tmp/nvidia0; echo held > /tmp/held; exec 5>&-; echo closed > /tmp/held
+           exec sleep 600' &
+    holder=$!
+    await /tmp/held held 300
+    say stuck-holder $holder
+    say stuck-stopped $stopped
+    await /tmp/held closed 600
+    echo 0 > /sys/module/nvidia/parameters/stall_ms
+    say stuck-closed "$(cat /tmp/held)"
+    # The next look (once a second) sees the thread out of its sleep.
+    sleep 3
+    kill -9 $holder $stopped
+    kill -INT $live
+fi
+finish $live 600 stuck
+say stuck-exit $?
+tagged stuck-out /tmp/live.out
+tagged stuck-err /tmp/live.err
 # The host's integration tests that need no GPU (HOST_TESTS in vm.rs), on this kernel, with
 # the stand-in driver loaded.
 for t in /test-*; do

@@ -31,6 +31,7 @@ use super::{
     references::Unseen,
     signals::{SIGCHLD, SIGKILL},
     storm::StormLog,
+    stuck::{Found, StuckBook, StuckRecord},
     teardown::{Stack, TeardownLog},
     termination::SignalSent,
 };
@@ -94,6 +95,8 @@ pub enum Output {
     Signal(Box<SignalNotice>),
     /// A GPU error no incident took.
     GpuError(Box<GpuErrorRecord>),
+    /// A thread stuck in the driver, or running again.
+    Stuck(Box<StuckRecord>),
 }
 
 /// What was last reported of a case, to tell when an update is due.
@@ -191,6 +194,8 @@ pub struct Correlator {
     search_wanted: bool,
     /// GPU errors, for the incidents they belong to.
     pub(super) xids: XidBook,
+    /// Threads stuck in the driver now.
+    stuck: StuckBook,
 }
 
 impl Correlator {
@@ -301,6 +306,7 @@ impl Correlator {
             EventData::Stack { .. }
             | EventData::TeardownSample { .. }
             | EventData::KthreadWakeup { .. } => self.teardown_event(e),
+            EventData::Stuck { .. } | EventData::StuckCleared { .. } => self.stuck_event(e, out),
             _ => {}
         }
         // A search walk lists one descriptor per record: report what it found once it is over
@@ -313,6 +319,35 @@ impl Correlator {
             return;
         }
         self.advance(out);
+    }
+
+    /// A GPU holder's thread found stuck in the driver, or out of that sleep again.
+    fn stuck_event(&mut self, e: &Event, out: &mut Vec<Output>) {
+        let record = match &e.data {
+            EventData::Stuck {
+                since_ns,
+                comm,
+                frames,
+            } => {
+                let found = Found {
+                    t_ns: e.ts_ns,
+                    pid: e.pid,
+                    tid: e.tid,
+                    since_ns: *since_ns,
+                    comm,
+                    frames,
+                };
+                Some(
+                    self.stuck
+                        .stuck(&found, &self.holders, &mut self.memory.latest()),
+                )
+            }
+            EventData::StuckCleared { since_ns } => self.stuck.cleared(e.ts_ns, e.tid, *since_ns),
+            _ => None,
+        };
+        if let Some(record) = record {
+            out.push(Output::Stuck(Box::new(record)));
+        }
     }
 
     /// A record of a dying process's teardown: a kernel stack, a sample, a woken kthread.

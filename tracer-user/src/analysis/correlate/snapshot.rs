@@ -88,8 +88,13 @@ impl Correlator {
         inc.gpu_errors = self.xids.cited(pid, gpu, inc.t_signal_ns, stuck);
         if !inc.gpu_errors.is_empty() {
             let story = crate::analysis::gpu_errors::story(&inc);
+            let advice: Vec<String> = inc.gpu_errors.iter().filter_map(|x| x.advice()).collect();
             if let Some(v) = &mut inc.verdict {
                 v.evidence.insert(0, story);
+                // What NVIDIA says to do comes first: it decides whether the GPU is usable.
+                if let Some(first) = advice.first() {
+                    v.hint = format!("{first}; {}", v.hint);
+                }
             }
         }
         inc

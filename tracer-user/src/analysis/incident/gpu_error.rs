@@ -11,6 +11,10 @@ pub struct GpuError {
     pub xid: u32,
     /// What the number means (NVIDIA's Xid catalog, shortened).
     pub meaning: &'static str,
+    /// NVIDIA's catalog's immediate action for it (`RESTART_APP`, `RESET_GPU`, `RESTART_BM`,
+    /// ...; analysis/xid-catalog.tsv), and that in plain words; null where it gives none.
+    pub action: Option<&'static str>,
+    pub recommended: Option<&'static str>,
     pub t_ns: u64,
     /// For incidents: milliseconds from the incident's `t_signal_ns` (negative: before it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -41,5 +45,15 @@ impl GpuError {
             None => format!("PCI {}", self.pci),
         };
         format!("Xid {} ({}) on {on}", self.xid, self.meaning)
+    }
+
+    /// "NVIDIA's catalog: reset the GPU (RESET_GPU)", where it says.
+    pub fn advice(&self) -> Option<String> {
+        let words = self.recommended?;
+        let bucket = self.action?;
+        Some(format!(
+            "NVIDIA's catalog for Xid {}: {words} ({bucket})",
+            self.xid
+        ))
     }
 }

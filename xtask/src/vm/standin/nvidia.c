@@ -7,7 +7,9 @@
  * minor 1 are handed to a worker through nvidia_close_deferred, as the real driver does when
  * it cannot take its locks at close. The ioctl STANDIN_FAULT reports an MMU fault (Xid 31)
  * naming the caller, through the driver's one tracepoint, as the driver does when a kernel
- * of the process writes through a bad pointer.
+ * of the process writes through a bad pointer. While `stall_ms` (writable) is non-zero, every
+ * close of nvidia0-1 first sleeps uninterruptibly that long in nv_kthread_q_flush, as threads
+ * of the real driver stay stuck flushing its queue.
  */
 #include <linux/delay.h>
 #include <linux/fs.h>
@@ -28,6 +30,9 @@
 
 static unsigned int delay_ms = 200;
 module_param(delay_ms, uint, 0444);
+/* A wedge: each close sleeps this long, uninterruptibly, in the queue flush. */
+static unsigned int stall_ms;
+module_param(stall_ms, uint, 0644);
 /* Deferred closes finished, for the test to wait on. */
 static int deferred_closes;
 module_param(deferred_closes, int, 0444);
@@ -68,10 +73,25 @@ STANDIN int nvidia_open(struct inode *inode, struct file *file)
 	return 0;
 }
 
+/* Stalls finished: also keeps msleep from being a tail call, whose frame would replace this
+ * function's on the sleeping thread's stack. */
+static int stalls;
+
+STANDIN void nv_kthread_q_flush(void *q)
+{
+	unsigned int ms = READ_ONCE(stall_ms);
+
+	if (ms) {
+		msleep(ms);
+		WRITE_ONCE(stalls, stalls + 1);
+	}
+}
+
 STANDIN int nvidia_close(struct inode *inode, struct file *file)
 {
 	struct standin_file *nvlfp = file->private_data;
 
+	nv_kthread_q_flush(nv_queue);
 	file->private_data = NULL;
 	if (iminor(inode) == 1) {
 		queue_work(nv_queue, &nvlfp->deferred_close);

@@ -1,0 +1,58 @@
+//! The human report's lines for records beside incidents: GPU errors no incident took, and
+//! threads stuck in the driver.
+
+use std::fmt::Write as _;
+
+use super::text::{e, INDENT};
+use crate::{
+    analysis::{gpu_errors::GpuError, stuck::StuckRecord},
+    clock::WallAnchor,
+};
+
+/// A thread stuck in the driver, or running again.
+pub fn stuck(r: &StuckRecord, anchor: &WallAnchor) -> String {
+    let what = if r.cleared { "UNSTUCK " } else { "STUCK   " };
+    let state = if r.cleared {
+        format!("ran again after {:.1} s asleep", r.asleep_s)
+    } else {
+        format!(
+            "asleep in the driver for {:.1} s ({}{})",
+            r.asleep_s,
+            r.waits_on.label(),
+            r.in_function
+                .as_deref()
+                .map_or_else(String::new, |f| format!(", in {}", e(f)))
+        )
+    };
+    let mut s = format!(
+        "{}  {what} {}[{}] thread {} · {state}\n",
+        anchor.format_local(r.t_ns),
+        e(&r.comm),
+        r.pid,
+        r.tid
+    );
+    if !r.cleared {
+        let top: Vec<&str> = r.frames.iter().take(6).map(String::as_str).collect();
+        let _ = writeln!(s, "{INDENT}stack: {}", e(&top.join(" <- ")));
+        let _ = writeln!(s, "{INDENT}hint: {}", r.hint);
+    }
+    s
+}
+
+/// An Xid no incident took.
+pub fn gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
+    let whose = match (x.pid, &x.process_name) {
+        (Some(p), Some(n)) => format!(" · {}[{p}]", e(n)),
+        (Some(p), None) => format!(" · pid {p}"),
+        (None, _) => String::new(),
+    };
+    let advice = x
+        .advice()
+        .map_or_else(String::new, |a| format!("{INDENT}{a}\n"));
+    format!(
+        "{}  XID      {}{whose} · no incident followed\n{INDENT}{}\n{advice}",
+        anchor.format_local(x.t_ns),
+        x.describe(),
+        e(&x.message)
+    )
+}
