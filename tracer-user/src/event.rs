@@ -213,6 +213,10 @@ pub enum EventData {
     /// The collector itself (written once at start): its process is never an incident.
     Collector {
         pid: u32,
+        /// Its /proc is not the host's (a pod without hostPID): processes in other PID
+        /// namespaces are invisible to it, and to NVML's process list.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        partial_pid_view: bool,
     },
     /// The collector's clock advanced: lets time-based decisions replay exactly.
     Tick,

@@ -97,7 +97,13 @@ fn ticks(text: &Path) -> Vec<u64> {
 fn incidents_of_one_window_share_a_trace_of_every_segment_since_their_signal() {
     let dir = state_dir("share");
     let (mut f, _) = recorder(&dir.0, u64::MAX);
-    f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+    f.event(&Event::collector(
+        S,
+        EventData::Collector {
+            pid: 1,
+            partial_pid_view: false,
+        },
+    ));
     let mut fed = Vec::new();
     let mut t = S;
     while t < 36 * S {
@@ -143,7 +149,13 @@ fn segments_closed_for_waiting_incidents_take_a_checkpoint_every_ten_seconds() {
         dropped,
     )
     .expect("flight recorder");
-    f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+    f.event(&Event::collector(
+        S,
+        EventData::Collector {
+            pid: 1,
+            partial_pid_view: false,
+        },
+    ));
     // An incident waits every second, so segments close every 5 s, over 40 s.
     let mut fed = Vec::new();
     let mut t = S;
@@ -176,7 +188,13 @@ fn segments_closed_for_waiting_incidents_take_a_checkpoint_every_ten_seconds() {
 fn incident_traces_count_in_the_byte_budget_and_the_oldest_go_first() {
     let dir = state_dir("budget");
     let (mut f, dropped) = recorder(&dir.0, 40_000);
-    f.event(&Event::collector(S, EventData::Collector { pid: 1 }));
+    f.event(&Event::collector(
+        S,
+        EventData::Collector {
+            pid: 1,
+            partial_pid_view: false,
+        },
+    ));
     let nvml = |t| {
         Event::collector(
             t,

@@ -91,6 +91,7 @@ pub struct Metrics {
     collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
     stuck_threads: Gauge,
+    unheld: Family<GpuLabels, Gauge>,
     /// Xids come from the driver's tracepoint: their kernel-log lines are not new errors.
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
@@ -188,6 +189,14 @@ impl Metrics {
                 "Threads of GPU processes asleep uninterruptibly in the NVIDIA driver past \
                  --stuck-after (their `stuck` records say where)",
                 Gauge::default(),
+            ),
+            unheld: registered(
+                r,
+                "linger_gpu_busy_no_holder_bytes",
+                "GPU memory in use for a minute or more that NVML lists no process for and no \
+                 process seen here holds the GPU's files of (its `busy_no_holder` record says \
+                 whether processes in other PID namespaces could)",
+                Family::default(),
             ),
             xid_tracepoint: false,
             lost: registered(
@@ -336,12 +345,20 @@ impl Metrics {
     }
 
     pub fn on_record(&mut self, record: &Record) {
-        if let Record::Stuck(stuck) = record {
-            if stuck.cleared {
+        match record {
+            Record::Stuck(stuck) if stuck.cleared => {
                 self.stuck_threads.dec();
-            } else {
+            }
+            Record::Stuck(_) => {
                 self.stuck_threads.inc();
             }
+            Record::Unheld(u) => {
+                let bytes = if u.cleared { 0 } else { u.used_bytes as i64 };
+                self.unheld
+                    .get_or_create(&self.gpu_labels(Some(u.gpu)))
+                    .set(bytes);
+            }
+            _ => {}
         }
         let Record::Incident(inc) = record else {
             return;

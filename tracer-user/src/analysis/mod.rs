@@ -21,6 +21,7 @@ pub mod teardown;
 pub mod termination;
 #[cfg(test)]
 mod tests;
+pub mod unheld;
 pub mod verdict;
 pub mod xid_catalog;
 

@@ -170,6 +170,7 @@ fn first_events(strategy: &Strategy) -> [Event; 2] {
         boottime_ns(),
         EventData::Collector {
             pid: std::process::id(),
+            partial_pid_view: crate::source::procfs::partial_pid_view().is_some(),
         },
     );
     info!("driver hooks: {}", strategy::describe(strategy));

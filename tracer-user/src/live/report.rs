@@ -196,6 +196,10 @@ pub fn stamp(record: &mut Record, node: &Node, anchor: &WallAnchor) {
             r.node = Some(node.clone());
             r.wall_time = anchor.rfc3339(r.t_ns);
         }
+        Record::Unheld(r) => {
+            r.node = Some(node.clone());
+            r.wall_time = anchor.rfc3339(r.t_ns);
+        }
         Record::Signal(_) => {}
     }
 }

@@ -179,6 +179,14 @@ fn release_questions(strategy: &Strategy) -> Vec<Question> {
             "none",
         ),
         q(
+            "a GPU busy with no holder",
+            "NVML's readings (memory in use, no process listed) against the holders of each \
+             GPU's device file; where /proc is not the host's, processes in other PID \
+             namespaces stay invisible",
+            "the same",
+            "none: readings linger takes anyway",
+        ),
+        q(
             "a GPU process's thread stuck in the driver, without a kill",
             "tp_btf/sched_switch: a GPU holder's thread switching out in uninterruptible sleep              leaves its time and kernel stack; once a second linger's thread looks at those past              --stuck-after in /proc",
             "the same",

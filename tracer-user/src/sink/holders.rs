@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::{
-    analysis::holders::Holders,
+    analysis::{holders::Holders, unheld},
     escape,
     event::{Event, NvmlGpu},
     probe::devices::GpuDevices,
@@ -37,6 +37,15 @@ pub struct Unresolved {
     state: &'static str,
 }
 
+/// A GPU with memory in use that NVML lists no process for and nobody here holds the file of.
+#[derive(Serialize)]
+pub struct Unheld {
+    gpu: u32,
+    used_bytes: u64,
+    /// "nobody", or "not_visible" where this /proc is not the host's.
+    holder: &'static str,
+}
+
 #[derive(Serialize)]
 pub struct Report {
     #[serde(rename = "type")]
@@ -44,6 +53,7 @@ pub struct Report {
     holders: Vec<Row>,
     nvml: Option<String>,
     nvml_unresolved: Vec<Unresolved>,
+    busy_no_holder: Vec<Unheld>,
 }
 
 /// Who holds GPU files of `devices` now, from /proc, with NVML's figures.
@@ -52,9 +62,12 @@ pub fn now(devices: &GpuDevices) -> Report {
     for data in procfs::snapshot(devices, &procfs::Describe::default()) {
         holders.on_event(&Event::collector(0, data));
     }
-    let (gpus, nvml_note) = match nvml::read_once() {
-        Ok(gpus) => (gpus, None),
-        Err(e) => (Vec::new(), Some(e)),
+    let (gpus, minors, nvml_note) = match nvml::Reader::open() {
+        Ok(reader) => {
+            let minors = reader.identities().into_iter().map(|(i, _, m)| (i, m));
+            (reader.read(), minors.collect(), None)
+        }
+        Err(e) => (Vec::new(), Vec::new(), Some(e)),
     };
     let nvml_bytes = |pid: u32| -> Option<u64> {
         let listed: Vec<Option<u64>> = gpus
@@ -89,11 +102,29 @@ pub fn now(devices: &GpuDevices) -> Report {
         .collect();
     rows.sort_by_key(|r| r.pid);
     let nvml_unresolved = unresolved(&gpus, &holders);
+    let holder = if procfs::partial_pid_view().is_some() {
+        "not_visible"
+    } else {
+        "nobody"
+    };
+    let busy_no_holder = gpus
+        .iter()
+        .filter(|g| {
+            let minor = minors.iter().find(|(i, _)| *i == g.index).and_then(|m| m.1);
+            unheld::is_unheld(g, minor, &holders)
+        })
+        .map(|g| Unheld {
+            gpu: g.index,
+            used_bytes: g.used,
+            holder,
+        })
+        .collect();
     Report {
         record_type: "holders",
         holders: rows,
         nvml: nvml_note,
         nvml_unresolved,
+        busy_no_holder,
     }
 }
 
@@ -183,6 +214,18 @@ pub fn render(r: &Report) -> String {
             }
         ));
     }
+    for u in &r.busy_no_holder {
+        s.push_str(&format!(
+            "GPU{}: {} in use, NVML lists no process and {}\n",
+            u.gpu,
+            mib(u.used_bytes),
+            if u.holder == "not_visible" {
+                "no process visible here holds it (processes in other PID namespaces are not)"
+            } else {
+                "no process holds its files: only a reset gets it back"
+            }
+        ));
+    }
     s
 }
 
@@ -220,8 +263,17 @@ mod tests {
                 bytes: Some(1 << 30),
                 state: "dead",
             }],
+            busy_no_holder: vec![Unheld {
+                gpu: 1,
+                used_bytes: 4 << 30,
+                holder: "nobody",
+            }],
         };
         let text = render(&report);
+        assert!(
+            text.contains("GPU1: 4096 MiB in use, NVML lists no process and no process holds"),
+            "{text}"
+        );
         assert!(!text.contains(['\x1b', '\x07', '\u{9b}']), "{text:?}");
         assert!(
             text.contains("python3 -c \\u{9b}2J\\x0aforged line\n"),
@@ -232,6 +284,6 @@ mod tests {
             text.contains("among: \\x1b]0;pwn\\x07\\xff[7], ok[8]"),
             "{text}"
         );
-        assert_eq!(text.lines().count(), 6, "no line forged: {text}");
+        assert_eq!(text.lines().count(), 7, "no line forged: {text}");
     }
 }

@@ -32,6 +32,7 @@ pub fn render(out: &Output, anchor: &WallAnchor) -> String {
         Output::Signal(n) => render_notice(n, anchor),
         Output::GpuError(r) => records::gpu_error(&r.error, anchor),
         Output::Stuck(r) => records::stuck(r, anchor),
+        Output::Unheld(r) => records::unheld(r, anchor),
     }
 }
 

@@ -1,11 +1,11 @@
-//! The human report's lines for records beside incidents: GPU errors no incident took, and
-//! threads stuck in the driver.
+//! The human report's lines for records beside incidents: GPU errors no incident took,
+//! threads stuck in the driver, GPUs busy with no holder.
 
 use std::fmt::Write as _;
 
 use super::text::{e, INDENT};
 use crate::{
-    analysis::{gpu_errors::GpuError, stuck::StuckRecord},
+    analysis::{gpu_errors::GpuError, stuck::StuckRecord, unheld::UnheldRecord},
     clock::WallAnchor,
 };
 
@@ -54,5 +54,30 @@ pub fn gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
         anchor.format_local(x.t_ns),
         x.describe(),
         e(&x.message)
+    )
+}
+
+/// A GPU busy with no holder, or no longer.
+pub fn unheld(r: &UnheldRecord, anchor: &WallAnchor) -> String {
+    let gib = r.used_bytes as f64 / (1u64 << 30) as f64;
+    if r.cleared {
+        return format!(
+            "{}  UNHELD   GPU{} · no longer busy with no holder, after {:.0} s\n",
+            anchor.format_local(r.t_ns),
+            r.gpu,
+            r.busy_s
+        );
+    }
+    let who = match r.holder {
+        "not_visible" => "no process visible here holds it",
+        _ => "no process holds it",
+    };
+    format!(
+        "{}  UNHELD   GPU{} · {gib:.1} GiB in use for {:.0} s, NVML lists no process, {who}\n\
+         {INDENT}hint: {}\n",
+        anchor.format_local(r.t_ns),
+        r.gpu,
+        r.busy_s,
+        r.hint
     )
 }

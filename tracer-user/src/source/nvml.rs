@@ -204,11 +204,6 @@ pub fn library_version() -> Option<String> {
     open_nvml().ok().and_then(|n| n.sys_nvml_version().ok())
 }
 
-/// One reading of every GPU, for commands that do not trace.
-pub fn read_once() -> Result<Vec<NvmlGpu>, String> {
-    Ok(Reader::open()?.read())
-}
-
 fn sample_loop(
     nvml: &Nvml,
     count: u32,

@@ -34,8 +34,9 @@ use super::{
     stuck::{Found, StuckBook, StuckRecord},
     teardown::{Stack, TeardownLog},
     termination::SignalSent,
+    unheld::{UnheldRecord, UnheldWatch},
 };
-use crate::event::{Event, EventData, FdOp, Workload};
+use crate::event::{Event, EventData, FdOp, NvmlGpu, Workload};
 use tracer_common::driver;
 
 /// TRACE_SIGNAL_IGNORED: the kernel discarded the signal at generation.
@@ -97,6 +98,8 @@ pub enum Output {
     GpuError(Box<GpuErrorRecord>),
     /// A thread stuck in the driver, or running again.
     Stuck(Box<StuckRecord>),
+    /// A GPU busy with no holder, or no longer.
+    Unheld(Box<UnheldRecord>),
 }
 
 /// What was last reported of a case, to tell when an update is due.
@@ -196,6 +199,8 @@ pub struct Correlator {
     pub(super) xids: XidBook,
     /// Threads stuck in the driver now.
     stuck: StuckBook,
+    /// GPUs busy with no holder.
+    unheld: UnheldWatch,
 }
 
 impl Correlator {
@@ -213,7 +218,13 @@ impl Correlator {
         self.ledger.on_event(e);
         self.losses.on_event(e);
         match &e.data {
-            EventData::Collector { pid } => self.self_pid = Some(*pid),
+            EventData::Collector {
+                pid,
+                partial_pid_view,
+            } => {
+                self.self_pid = Some(*pid);
+                self.unheld.partial_view = *partial_pid_view;
+            }
             EventData::Strategy(s) => {
                 // Opens are not all traced: a process not known to hold GPU files may.
                 self.lean = s.mode().holders_from_nvml();
@@ -278,7 +289,10 @@ impl Correlator {
                 ..
             } => self.searched(e.pid),
             EventData::GpuFd { .. } | EventData::GpuCloseRange { .. } => self.holders_changed(),
-            EventData::Nvml { gpus } => self.nvml_reading(e.ts_ns, gpus),
+            EventData::Nvml { gpus } => {
+                self.nvml_reading(e.ts_ns, gpus);
+                self.unheld_reading(e.ts_ns, gpus, out);
+            }
             EventData::Gpus { gpus } => self.xids.set_gpus(gpus),
             EventData::GpuXid {
                 xid,
@@ -319,6 +333,15 @@ impl Correlator {
             return;
         }
         self.advance(out);
+    }
+
+    /// An NVML reading: the GPUs busy with no holder for a while, or no longer.
+    fn unheld_reading(&mut self, t_ns: u64, gpus: &[NvmlGpu], out: &mut Vec<Output>) {
+        let known = self.xids.gpus();
+        let minor = |index: u32| known.iter().find(|g| g.index == index)?.minor;
+        for record in self.unheld.reading(t_ns, gpus, &minor, &self.holders) {
+            out.push(Output::Unheld(Box::new(record)));
+        }
     }
 
     /// A GPU holder's thread found stuck in the driver, or out of that sleep again.

@@ -86,7 +86,14 @@ fn a_gpu_process_that_exits_on_its_own_is_an_exit_incident() {
 #[test]
 fn lingers_own_signals_are_not_incidents() {
     let mut r = Run::new();
-    r.feed(0, 0.0, EventData::Collector { pid: 42 });
+    r.feed(
+        0,
+        0.0,
+        EventData::Collector {
+            pid: 42,
+            partial_pid_view: false,
+        },
+    );
     r.kill(SHELL, 42, 2, 10.0);
     r.tick(5_000.0);
     let mut out = Vec::new();

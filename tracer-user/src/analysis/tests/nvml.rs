@@ -1,9 +1,11 @@
 //! When memory is back by NVML's readings, the kernel's release and the ledger.
 
-use crate::analysis::{incident::Source, termination::Mode, verdict::VerdictKind};
-use crate::event::{EventData, NvmlGpu, NvmlProcess};
+use crate::analysis::{
+    correlate::Output, incident::Source, termination::Mode, verdict::VerdictKind,
+};
+use crate::event::{EventData, FdOp, NvmlGpu, NvmlProcess};
 
-use super::run::{back, gpu, verdict, Run, FILE, GIB, MS, SHELL};
+use super::run::{back, fd, gpu, verdict, Run, FILE, GIB, MS, SHELL};
 
 #[test]
 fn a_kill_before_nvml_ever_listed_the_victim_is_timed_from_the_readings_after_it() {
@@ -273,4 +275,32 @@ fn a_failed_nvml_reading_mid_teardown_never_says_the_memory_is_back() {
     let inc = r.last_of(10);
     assert_eq!(back(inc), Some(420_000_000));
     assert_eq!(verdict(inc), VerdictKind::Released);
+}
+
+/// A GPU whose memory stays in use with no process listed and nobody holding its files is a
+/// `busy_no_holder` after a minute; one a process holds the file of is not.
+#[test]
+fn a_gpu_busy_with_no_holder_for_a_minute_is_reported_unless_someone_holds_its_file() {
+    let unheld = |r: &Run| -> Vec<(bool, u64)> {
+        r.out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Unheld(u) => Some((u.cleared, u.used_bytes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut r = Run::new();
+    for s in 0..=61 {
+        r.nvml(f64::from(s) * 1000.0, 3 * GIB, &[]);
+    }
+    r.nvml(62_000.0, 0, &[]);
+    assert_eq!(unheld(&r), vec![(false, 3 * GIB), (true, 3 * GIB)]);
+
+    let mut r = Run::new();
+    r.feed(7, 0.0, fd(FdOp::Open, 3, FILE));
+    for s in 0..=61 {
+        r.nvml(f64::from(s) * 1000.0, 3 * GIB, &[]);
+    }
+    assert_eq!(unheld(&r), vec![]);
 }

@@ -131,7 +131,9 @@ impl Run {
             .iter()
             .filter_map(|o| match o {
                 Output::Incident(i) => Some(&**i),
-                Output::Signal(_) | Output::GpuError(_) | Output::Stuck(_) => None,
+                Output::Signal(_) | Output::GpuError(_) | Output::Stuck(_) | Output::Unheld(_) => {
+                    None
+                }
             })
             .collect()
     }
