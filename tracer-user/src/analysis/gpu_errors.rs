@@ -27,13 +27,8 @@ const KEEP: usize = 1024;
 /// A `gpu_error` record: an Xid no incident took.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GpuErrorRecord {
-    #[serde(rename = "type")]
-    pub record_type: &'static str,
-    pub schema: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<super::incident::Node>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wall_time: Option<String>,
+    #[serde(flatten)]
+    pub head: super::incident::Head,
     #[serde(flatten)]
     pub error: GpuError,
 }

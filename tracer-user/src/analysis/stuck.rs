@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{
     holders::Holders,
-    incident::{Node, SCHEMA},
+    incident::Head,
     teardown::{classify, Phase},
 };
 use crate::event::NvmlGpu;
@@ -20,13 +20,8 @@ const FRAMES_KEPT: usize = 16;
 /// A thread stuck in the driver, or one that was and ran again (`cleared`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StuckRecord {
-    #[serde(rename = "type")]
-    pub record_type: &'static str,
-    pub schema: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<Node>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wall_time: Option<String>,
+    #[serde(flatten)]
+    pub head: Head,
     /// When it was found stuck, or found running again.
     pub t_ns: u64,
     pub pid: u32,
@@ -109,10 +104,7 @@ impl StuckBook {
             })
             .collect();
         let record = StuckRecord {
-            record_type: "stuck",
-            schema: SCHEMA,
-            node: None,
-            wall_time: None,
+            head: Head::new("stuck"),
             t_ns: found.t_ns,
             pid: found.pid,
             tid: found.tid,

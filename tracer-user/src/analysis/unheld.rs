@@ -8,10 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{
-    holders::Holders,
-    incident::{Node, SCHEMA},
-};
+use super::{holders::Holders, incident::Head};
 use crate::event::NvmlGpu;
 
 /// How long a GPU must stay busy with no holder before it is reported: longer than any
@@ -28,13 +25,8 @@ const NVIDIACTL_MINOR: u32 = 255;
 /// A GPU busy with no holder, or no longer (`cleared`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UnheldRecord {
-    #[serde(rename = "type")]
-    pub record_type: &'static str,
-    pub schema: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<Node>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wall_time: Option<String>,
+    #[serde(flatten)]
+    pub head: Head,
     pub t_ns: u64,
     pub gpu: u32,
     /// NVML's `used` at `t_ns` (for a cleared record, the last busy reading's).
@@ -102,10 +94,7 @@ impl UnheldWatch {
 
     fn record(&self, t_ns: u64, gpu: u32, since: u64, used: u64, cleared: bool) -> UnheldRecord {
         UnheldRecord {
-            record_type: "busy_no_holder",
-            schema: SCHEMA,
-            node: None,
-            wall_time: None,
+            head: Head::new("busy_no_holder"),
             t_ns,
             gpu,
             used_bytes: used,

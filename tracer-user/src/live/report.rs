@@ -188,18 +188,9 @@ pub fn stamp(record: &mut Record, node: &Node, anchor: &WallAnchor) {
             inc.node = Some(node.clone());
             inc.wall_time = anchor.rfc3339(inc.t_signal_ns);
         }
-        Record::GpuError(r) => {
-            r.node = Some(node.clone());
-            r.wall_time = anchor.rfc3339(r.error.t_ns);
-        }
-        Record::Stuck(r) => {
-            r.node = Some(node.clone());
-            r.wall_time = anchor.rfc3339(r.t_ns);
-        }
-        Record::Unheld(r) => {
-            r.node = Some(node.clone());
-            r.wall_time = anchor.rfc3339(r.t_ns);
-        }
+        Record::GpuError(r) => r.head.stamp(node, anchor.rfc3339(r.error.t_ns)),
+        Record::Stuck(r) => r.head.stamp(node, anchor.rfc3339(r.t_ns)),
+        Record::Unheld(r) => r.head.stamp(node, anchor.rfc3339(r.t_ns)),
         Record::Signal(_) => {}
     }
 }

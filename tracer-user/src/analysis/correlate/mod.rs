@@ -420,10 +420,7 @@ impl Correlator {
     fn gpu_errors(&mut self, all: bool, out: &mut Vec<Output>) {
         for error in self.xids.unlinked(self.now_ns, all) {
             out.push(Output::GpuError(Box::new(GpuErrorRecord {
-                record_type: "gpu_error",
-                schema: super::incident::SCHEMA,
-                node: None,
-                wall_time: None,
+                head: super::incident::Head::new("gpu_error"),
                 error,
             })));
         }

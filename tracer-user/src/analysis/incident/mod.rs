@@ -163,6 +163,36 @@ impl Incident {
     }
 }
 
+/// What each record beside incidents starts with: its type, the schema, and the machine and
+/// boot it is about with its wall-clock time (both filled in by the live report's stamp).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Head {
+    #[serde(rename = "type")]
+    pub record_type: &'static str,
+    pub schema: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Node>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wall_time: Option<String>,
+}
+
+impl Head {
+    pub fn new(record_type: &'static str) -> Self {
+        Self {
+            record_type,
+            schema: SCHEMA,
+            node: None,
+            wall_time: None,
+        }
+    }
+
+    /// The machine and boot the record is about, and its wall-clock time.
+    pub fn stamp(&mut self, node: &Node, wall_time: Option<String>) {
+        self.node = Some(node.clone());
+        self.wall_time = wall_time;
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Node {
     pub host: String,
