@@ -131,8 +131,9 @@ fn fetch(dir: &Path, guest: Guest, suite: &str, prefix: &str, suffix: &str) -> R
         let mut packages = vec![format!("{image}:{arch}"), headers_pkg.clone()];
         packages.extend(apt.kernel_dependencies(&headers_pkg)?);
         unpack(&apt, &packages, &root)?;
-        relocate(&root, &headers)?;
     }
+    // Each time: the path an earlier run wrote may be gone (it named the clone it ran in).
+    relocate(&root, &headers)?;
     Ok(Kernel {
         vmlinuz,
         release,
@@ -176,15 +177,27 @@ fn unpack(apt: &Apt, packages: &[String], root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The headers' Makefile includes its common half by absolute path: here, it lies under root.
+/// The headers' Makefile includes its common half by absolute path (`/usr/src/...` as
+/// packaged): it lies under `root`, named by its real path (the cache's, not a clone's link to
+/// it, which goes with the clone).
 fn relocate(root: &Path, headers: &Path) -> Result<()> {
+    let root = root
+        .canonicalize()
+        .with_context(|| format!("resolving {}", root.display()))?;
     let makefile = headers.join("Makefile");
     let text = fs::read_to_string(&makefile)?;
-    let moved = text.replace(
-        "include /usr/src/",
-        &format!("include {}/usr/src/", root.display()),
-    );
-    fs::write(&makefile, moved)?;
+    let moved: String = text
+        .lines()
+        .map(
+            |line| match (line.strip_prefix("include "), line.find("/usr/src/")) {
+                (Some(_), Some(at)) => format!("include {}{}\n", root.display(), &line[at..]),
+                _ => format!("{line}\n"),
+            },
+        )
+        .collect();
+    if moved != text {
+        fs::write(&makefile, moved)?;
+    }
     Ok(())
 }
 
