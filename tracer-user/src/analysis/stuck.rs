@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{
     holders::Holders,
     incident::Head,
-    teardown::{classify, Phase},
+    teardown::{classify, is_driver_frame, Phase},
 };
 use crate::event::NvmlGpu;
 
@@ -84,7 +84,7 @@ impl StuckBook {
         let in_function = found
             .frames
             .iter()
-            .find(|f| f.contains("[nvidia"))
+            .find(|f| is_driver_frame(f))
             .map(|f| f.split('[').next().unwrap_or(f).to_string());
         let gpu_files = holders.process(found.pid).map_or_else(Vec::new, |p| {
             let mut devs: Vec<u32> = p.fds.values().map(|fd| fd.dev).collect();
@@ -136,7 +136,8 @@ impl StuckBook {
     }
 
     /// The threads stuck now.
-    pub fn current(&self) -> impl Iterator<Item = &StuckRecord> {
+    #[cfg(test)]
+    fn current(&self) -> impl Iterator<Item = &StuckRecord> {
         self.now.values()
     }
 }

@@ -112,6 +112,12 @@ impl Stack {
     }
 }
 
+/// A frame in the NVIDIA driver: its RM module or UVM (kallsyms names them `func[nvidia]`,
+/// `func[nvidia_uvm]`).
+pub fn is_driver_frame(frame: &str) -> bool {
+    frame.ends_with("[nvidia]") || frame.ends_with("[nvidia_uvm]")
+}
+
 /// A stack's phase (innermost frame first), and whether it waits on the GPU's firmware.
 pub fn classify(frames: &[String]) -> (Phase, bool) {
     let any = |pred: &dyn Fn(&str) -> bool| frames.iter().any(|f| pred(f));

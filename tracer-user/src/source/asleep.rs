@@ -12,7 +12,10 @@ use log::debug;
 use tracer_common::asleep::Asleep;
 
 use super::kallsyms::Kallsyms;
-use crate::event::{Event, EventData};
+use crate::{
+    analysis::teardown::is_driver_frame,
+    event::{Event, EventData},
+};
 
 pub struct AsleepWatch {
     sleeps: BpfHashMap<MapData, u32, Asleep>,
@@ -141,11 +144,6 @@ impl AsleepWatch {
             .collect();
         frames.iter().any(|f| is_driver_frame(f)).then_some(frames)
     }
-}
-
-/// A function of the NVIDIA driver's modules (nvidia, nvidia_uvm, nvidia_modeset, ...).
-pub fn is_driver_frame(frame: &str) -> bool {
-    frame.ends_with(']') && frame.contains("[nvidia")
 }
 
 fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, frames: Vec<String>) -> Event {

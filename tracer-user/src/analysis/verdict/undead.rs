@@ -1,15 +1,14 @@
 //! The rules of a process that never died: blocked in the driver, or the signal never taken.
 
 use super::{facts::Context, Verdict, VerdictKind};
-use crate::analysis::incident::Incident;
+use crate::analysis::{incident::Incident, teardown::is_driver_frame};
 
 /// The process never died: blocked in the driver, or the signal was never taken.
 pub(super) fn undead(inc: &Incident, cx: &Context) -> Verdict {
-    let in_driver = cx.asleep.iter().find(|(_, _, frames)| {
-        frames
-            .iter()
-            .any(|f| f.ends_with("[nvidia]") || f.ends_with("[nvidia_uvm]"))
-    });
+    let in_driver = cx
+        .asleep
+        .iter()
+        .find(|(_, _, frames)| frames.iter().any(|f| is_driver_frame(f)));
     if let Some((tid, since, frames)) = in_driver {
         let top: Vec<&str> = frames.iter().take(6).map(String::as_str).collect();
         return Verdict {
