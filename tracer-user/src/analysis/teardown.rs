@@ -2,7 +2,9 @@
 //! thread that ends the group (it runs the exit path's release of the files) is cut at its
 //! samples, each piece classified into a phase by the frames of the stack that ends it: an
 //! on-CPU sample covers the time since the thread's previous sample, a sleep its length. The
-//! phases partition the interval; what no sample covers is left out (`phases_coverage`).
+//! phases partition the interval; what no sample covers is left out (`phases_coverage`). A
+//! piece whose stack the kernel could not keep (a counted loss) takes the phase of the driver
+//! call the hooks timed on that thread meanwhile, where they run; `other` otherwise.
 //!
 //! A sample's weight is not capped: the driver spins with interrupts off for tens of
 //! milliseconds (GSP RPC polling; a 43 ms gap was seen on the H200), and the timer fires only
@@ -164,6 +166,8 @@ struct Sample {
 #[derive(Clone, Copy, Debug)]
 pub struct DriverSpan {
     pub func: DriverFunc,
+    /// The thread that ran it.
+    pub tid: u32,
     pub start_ns: u64,
     pub end_ns: u64,
 }
@@ -239,7 +243,7 @@ impl TeardownLog {
             if end > start {
                 let (phase, gsp) = stacks
                     .get(&s.stack_id)
-                    .map_or((Phase::Other, false), Stack::class);
+                    .map_or_else(|| (self.hooked_phase(tid, start, end), false), Stack::class);
                 let e = by.entry(phase).or_default();
                 e.0 += end - start;
                 if gsp {
@@ -259,6 +263,26 @@ impl TeardownLog {
         let covered: u64 = v.iter().map(|p| p.ns).sum();
         let coverage = (!v.is_empty()).then(|| covered as f64 / (to - from) as f64);
         (v, coverage)
+    }
+
+    /// The phase of a piece of thread `tid`'s timeline whose stack is unknown (the kernel
+    /// could not store it: its map's bucket held another stack): the hooked driver call of that
+    /// thread covering most of it, where the driver hooks (fentry, kprobes) timed one.
+    fn hooked_phase(&self, tid: u32, start: u64, end: u64) -> Phase {
+        self.calls
+            .iter()
+            .filter(|c| c.tid == tid)
+            .filter_map(|c| {
+                let phase = match c.func {
+                    DriverFunc::UvmReleaseEntry => Phase::UvmTeardown,
+                    DriverFunc::NvidiaClose | DriverFunc::RmCleanupFilePrivate => Phase::RmClient,
+                    _ => return None,
+                };
+                let overlap = c.end_ns.min(end).saturating_sub(c.start_ns.max(start));
+                (overlap > 0).then_some((overlap, phase))
+            })
+            .max_by_key(|(overlap, _)| *overlap)
+            .map_or(Phase::Other, |(_, phase)| phase)
     }
 
     /// Evidence that the driver deferred the release to its own thread: the hooks saw
@@ -463,5 +487,30 @@ mod tests {
             seen.insert(phase);
         }
         assert!(seen.len() >= 4, "the sample covers most phases: {seen:?}");
+    }
+
+    /// A sleep whose stack the kernel could not store (id -1) takes the phase of the driver
+    /// call the hooks timed on that thread meanwhile; another thread's call says nothing of it.
+    #[test]
+    fn a_piece_without_its_stack_takes_its_threads_hooked_call() {
+        let ms = 1_000_000;
+        let log = |call_tid| {
+            let mut log = TeardownLog::default();
+            log.sample(100 * ms, 11, SampleKind::BlockStart, -1, 0);
+            log.sample(300 * ms, 11, SampleKind::BlockEnd, -1, 200 * ms);
+            log.calls.push(DriverSpan {
+                func: DriverFunc::UvmReleaseEntry,
+                tid: call_tid,
+                start_ns: 99 * ms,
+                end_ns: 301 * ms,
+            });
+            log
+        };
+        let stacks = IdMap::default();
+        let (phases, _) = log(11).phases(&stacks, 11, 90 * ms, 310 * ms);
+        assert_eq!(phases[0].name, Phase::UvmTeardown);
+        assert_eq!(phases[0].ns, 210 * ms);
+        let (phases, _) = log(12).phases(&stacks, 11, 90 * ms, 310 * ms);
+        assert_eq!(phases[0].name, Phase::Other);
     }
 }

@@ -301,8 +301,9 @@ fn scenario(guest: &Guest, mode: &str) -> Result<()> {
         _ => bail!("{mode}: the incident's hooked release is wrong: {release}"),
     }
     if incident["phases"][0]["name"] != "uvm_teardown" {
+        let losses: Vec<&Value> = out.iter().filter(|l| l["type"] == "loss").collect();
         bail!(
-            "{mode}: the slow UVM release should dominate the phases: {}",
+            "{mode}: the slow UVM release should dominate the phases: {} (losses: {losses:?})",
             incident["phases"]
         );
     }

@@ -122,6 +122,7 @@ impl Correlator {
     pub(super) fn driver_call(&mut self, e: &Event, func: DriverFunc, file: u64, duration_ns: u64) {
         let span = DriverSpan {
             func,
+            tid: e.tid,
             start_ns: e.ts_ns.saturating_sub(duration_ns),
             end_ns: e.ts_ns,
         };
