@@ -295,6 +295,22 @@ def xid_survivor(poll, idle):
             "expect": {"verdict": "released", "mode": "kill", "xid": True, "gpu_error": True}}
 
 
+def stopped(poll, idle):
+    # A job that lives on idle past linger's --stuck-after (10 s), is then stopped (SIGSTOP,
+    # as a shell's ^Z or a debugger) past it again, and killed while stopped: its threads sleep
+    # in the driver only briefly (S, then T), never in D, so no `stuck` record may appear.
+    v = Victim("--gib", "2")
+    time.sleep(12)
+    t_stop = kill(v.pid, signal.SIGSTOP)
+    time.sleep(12)
+    t_kill = kill(v.pid)
+    t_reaped = reap(v.pid)
+    back = settle(poll, idle, t_kill)
+    return {"victims": [{"pid": v.pid, "t_stop_ns": t_stop, "t_kill_ns": t_kill,
+                         "t_reaped_ns": t_reaped, "t_back_ns": back}],
+            "expect": {"verdict": "released", "mode": "kill", "stuck": False}}
+
+
 SCENARIOS = {
     "early-kill-1g": early_kill(1),
     "early-kill-16g": early_kill(16),
@@ -312,6 +328,7 @@ SCENARIOS = {
     "oom": oom,
     "xid-fault": xid_fault,
     "xid-survivor": xid_survivor,
+    "stopped": stopped,
 }
 
 
