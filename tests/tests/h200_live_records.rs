@@ -1,9 +1,10 @@
 //! What `linger live` printed on the GPU machine in the committed suite passes, beyond the
 //! incidents the accuracy table judges: a GPU job that lived past `--stuck-after` and was then
 //! stopped (SIGSTOP) and killed is never reported stuck in the driver, and an Xid carries the
-//! action NVIDIA's catalog gives it (issue 51).
+//! action NVIDIA's catalog gives it (issue 51). Where such a scenario's recording is kept, its
+//! replay by this build prints what live printed.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::Command};
 
 use linger_tests::fixtures::{h200, json_lines};
 use serde_json::Value;
@@ -99,4 +100,47 @@ fn an_xid_carries_its_catalog_action_live() {
         judged >= 4,
         "only {judged} live Xid incident(s) with an action"
     );
+}
+
+#[test]
+fn the_kept_recordings_of_these_scenarios_replay_to_what_live_printed() {
+    let all = scenarios();
+    // Passes run by a build with the stuck watch and the Xid catalog (those with the stopped
+    // job): older ones print less live than this build replays (h200_suite.rs CHANGED).
+    let current: Vec<&PathBuf> = all
+        .iter()
+        .filter(|(_, truth)| truth["expect"]["stuck"] == false)
+        .map(|(dir, _)| dir)
+        .collect();
+    let mut replayed = 0;
+    for (dir, truth) in &all {
+        let expect = &truth["expect"];
+        if !current.contains(&dir) || (expect["stuck"] != false && expect["xid"] != true) {
+            continue;
+        }
+        let name = truth["scenario"].as_str().expect("scenario");
+        let trace = dir.join(format!("{name}.trace"));
+        if !trace.exists() {
+            continue;
+        }
+        let linger = std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`");
+        let out = Command::new(linger)
+            .args(["replay", "--json"])
+            .arg(&trace)
+            .output()
+            .expect("run linger replay");
+        assert!(out.status.success(), "{}", trace.display());
+        let replay: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .collect();
+        let printed: Vec<Value> = live(dir, truth)
+            .into_iter()
+            .filter(|l| l["type"] != "event")
+            .collect();
+        assert_eq!(replay, printed, "{}", trace.display());
+        replayed += 1;
+    }
+    // pass20's stopped job and Xid fault.
+    assert!(replayed >= 2, "only {replayed} recording(s) replayed");
 }
