@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, fmt::Write, path::Path};
 
 use serde_json::Value;
 
-use crate::fixtures::{h200, json_lines};
+use crate::fixtures::{json_lines, suite_passes};
 
 /// The document's table stands between these lines.
 pub const BEGIN: &str =
@@ -36,13 +36,7 @@ struct Row {
 
 /// The whole section: a summary line per pass, then a row per scenario.
 pub fn table() -> String {
-    let suite = h200().join("suite");
-    let mut passes: Vec<_> = std::fs::read_dir(&suite)
-        .expect("suite dir")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|d| d.join("truth.jsonl.zst").exists())
-        .collect();
+    let mut passes = suite_passes();
     // pass1, pass2, … pass14, then lean, lean2, …, then xid: the order they were run in.
     passes.sort_by_key(|d| {
         let name = d

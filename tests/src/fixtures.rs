@@ -10,6 +10,19 @@ pub fn h200() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/h200")
 }
 
+/// Every committed pass of the scenario suite (a folder of tests/data/h200/suite with a truth
+/// file), in name order.
+pub fn suite_passes() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(h200().join("suite"))
+        .expect("suite dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| d.join("truth.jsonl.zst").exists())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// A file's bytes, decompressed when it is a `.zst`.
 pub fn decompressed(path: &Path) -> Vec<u8> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

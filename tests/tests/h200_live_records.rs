@@ -6,19 +6,13 @@
 
 use std::{path::PathBuf, process::Command};
 
-use linger_tests::fixtures::{h200, json_lines};
+use linger_tests::fixtures::{json_lines, suite_passes};
 use serde_json::Value;
 
 /// Every pass directory with its truth, and each scenario's truth line.
 fn scenarios() -> Vec<(PathBuf, Value)> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(h200().join("suite"))
-        .expect("suite dir")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|d| d.join("truth.jsonl.zst").exists())
-        .collect();
-    dirs.sort();
-    dirs.into_iter()
+    suite_passes()
+        .into_iter()
         .flat_map(|dir| {
             json_lines(&dir.join("truth.jsonl.zst"))
                 .into_iter()

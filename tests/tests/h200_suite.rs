@@ -12,7 +12,7 @@ use std::{
     sync::OnceLock,
 };
 
-use linger_tests::fixtures::{h200, json_lines};
+use linger_tests::fixtures::{json_lines, suite_passes};
 use serde_json::Value;
 
 /// Release times must match the independent poll this closely.
@@ -28,23 +28,11 @@ fn linger() -> String {
     std::env::var("LINGER_BIN").expect("LINGER_BIN is set by `cargo xtask test`")
 }
 
-/// Every pass directory (one with a truth file), in name order.
-fn passes() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(h200().join("suite"))
-        .expect("suite dir")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|d| d.join("truth.jsonl.zst").exists())
-        .collect();
-    dirs.sort();
-    dirs
-}
-
 /// Every pass's scenarios, replayed once for all tests.
 fn suite() -> &'static [(PathBuf, Vec<Scenario>)] {
     static SUITE: OnceLock<Vec<(PathBuf, Vec<Scenario>)>> = OnceLock::new();
     SUITE.get_or_init(|| {
-        passes()
+        suite_passes()
             .into_iter()
             .map(|dir| {
                 let scenarios = Scenario::all(&dir);
