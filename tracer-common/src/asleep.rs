@@ -13,8 +13,12 @@ pub struct Asleep {
     pub tgid: u32,
     /// Id in the `ASLEEP_STACKS` map; negative when the kernel could not keep the stack.
     pub stack_id: i32,
+    /// The thread's voluntary context switches with this sleep counted: a thread that ran
+    /// since and slept again where no program saw it (its process no longer a GPU holder)
+    /// shows more in /proc.
+    pub switches: u64,
 }
 
 #[cfg(feature = "user")]
-// SAFETY: integers only, no padding (8 + 4 + 4 bytes).
+// SAFETY: integers only, no padding (8 + 4 + 4 + 8 bytes).
 unsafe impl aya::Pod for Asleep {}

@@ -41,6 +41,9 @@ pub struct KernelOffsets {
     pub task_state: u32,
     /// 1 when `sched_switch` passes `prev_state` as its fourth argument.
     pub switch_prev_state: u32,
+    /// `task_struct.nvcsw`: the thread's voluntary context switches, one more for each sleep
+    /// (counted before `sched_switch` runs).
+    pub task_nvcsw: u32,
 }
 
 #[cfg(feature = "user")]

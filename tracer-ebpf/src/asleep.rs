@@ -14,6 +14,7 @@ use tracer_common::{asleep::Asleep, Loss};
 use crate::{
     emit::{count_loss, current_ids, now_ns},
     files::is_holder,
+    task::Task,
 };
 
 /// Holders' threads by tid → their latest uninterruptible sleep. LRU: entries of threads that
@@ -50,6 +51,7 @@ pub fn note_if_holder_asleep<C: StackIdContext>(ctx: &C, prev_state: u32) {
         since_ns: now_ns(),
         tgid,
         stack_id,
+        switches: Task::current().voluntary_switches(),
     };
     if HOLDERS_ASLEEP.insert(tid, asleep, 0).is_err() {
         count_loss(Loss::Blocked);

@@ -28,6 +28,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     stack_regs: 0,
     task_state: 0,
     switch_prev_state: 0,
+    task_nvcsw: 0,
 };
 
 #[inline(always)]
@@ -90,6 +91,10 @@ impl Task {
     /// The state the task is in (`__state` or `state`; the low 32 bits suffice).
     pub fn state(self) -> u32 {
         read::<u32>(self.0, offsets().task_state)
+    }
+    /// Its voluntary context switches (`nvcsw`, an unsigned long).
+    pub fn voluntary_switches(self) -> u64 {
+        read::<u64>(self.0, offsets().task_nvcsw)
     }
     /// The base of the task's kernel stack.
     pub fn stack(self) -> *const u8 {

@@ -59,6 +59,7 @@ pub fn resolve(btf: &Btf) -> Result<KernelOffsets> {
             .or_else(|_| member_offset(btf, "task_struct", "state"))?,
         // 5.18 added `prev_state` after (preempt, prev, next).
         switch_prev_state: u32::from(tracepoint_params(btf, "sched_switch")? >= 4),
+        task_nvcsw: member_offset(btf, "task_struct", "nvcsw")?,
     })
 }
 

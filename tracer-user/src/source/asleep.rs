@@ -1,9 +1,12 @@
 //! GPU holders' threads stuck in the driver, found once a second in the programs'
 //! `HOLDERS_ASLEEP` map (each thread's latest uninterruptible sleep, see tracer-ebpf's
-//! asleep.rs): a sleep older than the threshold whose thread /proc still shows in state D is
-//! stuck, and if the driver is on its stack it becomes a [`EventData::Stuck`] event; when the
-//! thread is seen out of that sleep, a [`EventData::StuckCleared`]. /proc is read only for
-//! sleeps past the threshold, each once, and for the threads reported stuck.
+//! asleep.rs): a sleep older than the threshold whose thread /proc still shows in state D, with
+//! the voluntary context switches it had when it went to sleep, is stuck, and if the driver is
+//! on its stack it becomes a [`EventData::Stuck`] event; when the thread is seen out of that
+//! sleep, a [`EventData::StuckCleared`]. The count matters: a process that closed its last GPU
+//! file is no holder, so its thread's later sleeps replace no entry, and one of them (an exec's
+//! wait) seen at a look would read as the old sleep going on. /proc is read only for sleeps past
+//! the threshold, each once, and for the threads reported stuck.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -14,6 +17,7 @@ use tracer_common::asleep::Asleep;
 use super::kallsyms::Kallsyms;
 use crate::{
     analysis::teardown::is_driver_frame,
+    clock::boottime_ns,
     event::{Event, EventData},
 };
 
@@ -26,8 +30,8 @@ pub struct AsleepWatch {
     /// Sleeps past the threshold already looked at (tid → since) that were not stuck in the
     /// driver: not looked at again.
     judged: HashMap<u32, u64>,
-    /// Threads reported stuck: tid → (tgid, since).
-    stuck: HashMap<u32, (u32, u64)>,
+    /// Threads reported stuck: tid → the sleep reported.
+    stuck: HashMap<u32, Asleep>,
     /// Stack ids entries named at the last look: those no entry names any more leave the map.
     stack_ids: BTreeSet<u32>,
 }
@@ -65,23 +69,29 @@ impl AsleepWatch {
             {
                 continue;
             }
-            match state(sleep.tgid, *tid) {
+            match now_in(sleep.tgid, *tid) {
                 None => gone.push(*tid),
-                Some('D') => match self.in_driver(sleep) {
-                    Some(frames) => {
-                        self.stuck.insert(*tid, (sleep.tgid, sleep.since_ns));
-                        out.push(stuck_event(now_ns, *tid, sleep, frames));
+                Some(now) if still_in(now, sleep) => {
+                    // Named now: the first stack loads the kernel's symbols, which takes
+                    // seconds on a slow machine, and the thread may have moved on by then.
+                    let comm = comm(sleep.tgid, *tid);
+                    match self.in_driver(sleep) {
+                        Some(frames) => {
+                            self.stuck.insert(*tid, *sleep);
+                            out.push(stuck_event(now_ns, *tid, sleep, comm, frames));
+                        }
+                        None => {
+                            self.judged.insert(*tid, sleep.since_ns);
+                        }
                     }
-                    None => {
-                        self.judged.insert(*tid, sleep.since_ns);
-                    }
-                },
+                }
                 Some(_) => {
                     self.judged.insert(*tid, sleep.since_ns);
                 }
             }
         }
-        out.extend(self.cleared(now_ns, &entries));
+        // Looked at as it is now, and dated so: naming a stack above may have taken seconds.
+        out.extend(self.cleared(boottime_ns(), &entries));
         for tid in gone {
             let _ = self.sleeps.remove(&tid);
         }
@@ -100,21 +110,23 @@ impl AsleepWatch {
     /// them in another state, or gone.
     fn cleared(&mut self, now_ns: u64, entries: &[(u32, Asleep)]) -> Vec<Event> {
         let mut out = Vec::new();
-        self.stuck.retain(|tid, (tgid, since)| {
+        self.stuck.retain(|tid, sleep| {
             // No entry at all: evicted from the full map, the sleep itself goes on.
-            let same_sleep = entries
+            let same_entry = entries
                 .iter()
                 .find(|(t, _)| t == tid)
-                .is_none_or(|(_, s)| s.since_ns == *since);
-            if same_sleep && state(*tgid, *tid) == Some('D') {
+                .is_none_or(|(_, s)| s.since_ns == sleep.since_ns);
+            if same_entry && now_in(sleep.tgid, *tid).is_some_and(|now| still_in(now, sleep)) {
                 return true;
             }
             out.push(Event {
                 ts_ns: now_ns,
                 cpu: 0,
-                pid: *tgid,
+                pid: sleep.tgid,
                 tid: *tid,
-                data: EventData::StuckCleared { since_ns: *since },
+                data: EventData::StuckCleared {
+                    since_ns: sleep.since_ns,
+                },
             });
             false
         });
@@ -146,7 +158,7 @@ impl AsleepWatch {
     }
 }
 
-fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, frames: Vec<String>) -> Event {
+fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, comm: String, frames: Vec<String>) -> Event {
     Event {
         ts_ns: now_ns,
         cpu: 0,
@@ -154,19 +166,45 @@ fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, frames: Vec<String>) -> Ev
         tid,
         data: EventData::Stuck {
             since_ns: sleep.since_ns,
-            comm: comm(sleep.tgid, tid),
+            comm,
             frames,
         },
     }
 }
 
-/// The thread's state letter from /proc (`R`, `S`, `D`, `T`, ...); None when it is gone.
-fn state(tgid: u32, tid: u32) -> Option<char> {
-    let stat = std::fs::read(format!("/proc/{tgid}/task/{tid}/stat")).ok()?;
-    // "tid (comm) S ...": the comm may hold spaces and parentheses; the state follows the
-    // last ')'.
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    stat.get(close + 2).map(|&b| b as char)
+/// A thread as /proc shows it now: its state letter (`R`, `S`, `D`, `T`, ...) and its
+/// voluntary context switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Now {
+    state: char,
+    switches: u64,
+}
+
+/// The thread now; None when it is gone (or /proc does not say).
+fn now_in(tgid: u32, tid: u32) -> Option<Now> {
+    let status = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/status")).ok()?;
+    parse_status(&status)
+}
+
+/// From a /proc status file ("State:\tD (disk sleep)", "voluntary_ctxt_switches:\t12"; the
+/// name line escapes newlines, so lines are lines).
+fn parse_status(status: &str) -> Option<Now> {
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    Some(Now {
+        state: field("State")?.chars().next()?,
+        switches: field("voluntary_ctxt_switches")?.parse().ok()?,
+    })
+}
+
+/// Whether a thread is still in the sleep recorded: uninterruptible, and not switched out
+/// voluntarily since (each sleep counts one before the programs see it).
+fn still_in(now: Now, sleep: &Asleep) -> bool {
+    now.state == 'D' && now.switches == sleep.switches
 }
 
 fn comm(tgid: u32, tid: u32) -> String {
@@ -180,7 +218,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_the_state_of_a_thread_whose_name_has_parentheses() {
+    fn reads_the_state_and_switches_of_a_thread() {
         // "PID/task/TID" of the thread reading it, which is running.
         let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
         let tid: u32 = link
@@ -188,8 +226,24 @@ mod tests {
             .and_then(|t| t.to_str()?.parse().ok())
             .expect("a tid");
         let me = std::process::id();
-        assert_eq!(state(me, tid), Some('R'));
-        assert_eq!(state(me, u32::MAX - 1), None);
+        let now = now_in(me, tid).expect("this thread");
+        assert_eq!(now.state, 'R');
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let later = now_in(me, tid).expect("this thread");
+        assert!(later.switches > now.switches, "{now:?} then {later:?}");
+        assert_eq!(now_in(me, u32::MAX - 1), None);
+        let status = "Name:\tx) D (\\n\nState:\tD (disk sleep)\nvoluntary_ctxt_switches:\t7\n";
+        let now = parse_status(status).expect("parsed");
+        assert_eq!((now.state, now.switches), ('D', 7));
+        // The sleep recorded with 7 switches goes on only while the thread shows 7 in D:
+        // 8 is a later sleep no program saw (an exec's wait after its last GPU file's close).
+        let sleep = Asleep {
+            switches: 7,
+            ..Asleep::default()
+        };
+        assert!(still_in(now, &sleep));
+        assert!(!still_in(Now { switches: 8, ..now }, &sleep));
+        assert!(!still_in(Now { state: 'S', ..now }, &sleep));
         assert!(is_driver_frame("nvidia_close[nvidia]"));
         assert!(is_driver_frame("uvm_tracker_wait[nvidia_uvm]"));
         assert!(!is_driver_frame("msleep"));
