@@ -22,6 +22,7 @@ fn lines(text: &str) -> Vec<Value> {
 fn without_newer_fields(replayed: &mut [Value], logged: &[Value]) {
     for (r, l) in replayed.iter_mut().zip(logged) {
         linger_tests::without_newer_window(r, l);
+        linger_tests::without_older_hint(r, l);
         if l["node"].get("driver").is_none() {
             if let Some(node) = r.get_mut("node").and_then(Value::as_object_mut) {
                 node.remove("driver");

@@ -636,6 +636,7 @@ fn the_newest_passes_replay_to_what_live_printed() {
             let printed = last_records(live.iter(), changed);
             for ((_, r), (_, p)) in replayed.iter_mut().zip(&printed) {
                 linger_tests::without_newer_window(r, p);
+                linger_tests::without_older_hint(r, p);
             }
             assert!(!printed.is_empty(), "{pass}/{}: no incident", s.name);
             assert_eq!(replayed, printed, "{pass}/{}", s.name);

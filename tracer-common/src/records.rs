@@ -29,8 +29,9 @@ wire_struct! {
         code: i32 = 4,
         /// TRACE_SIGNAL_*: 0 delivered, 1 ignored, 2 already pending, 3 overflow, 4 lose info.
         result: i32 = 8,
-        /// Non-zero when sent to the whole thread group.
-        group: u32 = 12,
+        /// [`SIGNAL_TO_GROUP`], [`SIGNAL_TARGET_EXITING`]. Recordings made before the second
+        /// bit hold 0 or 1.
+        flags: u32 = 12,
         target_pid: u32 = 16,
         target_tid: u32 = 20,
         /// `signal->nr_threads` of the target when the signal was generated.
@@ -46,6 +47,12 @@ wire_struct! {
     }
     size 64
 }
+
+/// Sent to the whole thread group.
+pub const SIGNAL_TO_GROUP: u32 = 1;
+/// Every thread of the target's group had begun its exit (`signal->live` was 0): a signal to a
+/// dying or dead process, which the kernel drops unless it is dumping core.
+pub const SIGNAL_TARGET_EXITING: u32 = 2;
 
 wire_struct! {
     /// `signal_deliver`: the thread in the header dequeued `sig`.
@@ -212,6 +219,9 @@ stable_ids! {
         BlockStart = 2,
         /// The thread ran again after `blocked_ns` asleep at `stack_id`.
         BlockEnd = 3,
+        /// The thread's final switch (do_task_dead): its exit, the release of the files it
+        /// was the last to hold included, is over. No stack.
+        Exited = 4,
     }
 }
 

@@ -6,7 +6,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use aya_log_ebpf::{debug, warn};
-use tracer_common::{SignalDeliver, SignalGenerate};
+use tracer_common::{SignalDeliver, SignalGenerate, SIGNAL_TARGET_EXITING, SIGNAL_TO_GROUP};
 
 use crate::{
     emit::{armed, current_ids, emit_waking, is_tracked, now_ns, track},
@@ -105,13 +105,17 @@ pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
             );
         }
     }
+    // A kill of a group already on its way out (a pid namespace's init killing what is left,
+    // itself included; a second kill of the same job) is no death of its own.
+    let exiting = fatal && target.live_threads() == 0;
     let sender = Task::current();
     let about = if fatal { target_pid } else { sender_pid };
     emit_waking::<SignalGenerate>(urgent(about) || (fatal && lean_wake()), |e| {
         e.sig = sig;
         e.code = si_code(info);
         e.result = result;
-        e.group = group as u32;
+        e.flags = if group != 0 { SIGNAL_TO_GROUP } else { 0 }
+            | if exiting { SIGNAL_TARGET_EXITING } else { 0 };
         e.target_pid = target_pid;
         e.target_tid = target.pid();
         e.target_threads = target.nr_threads();

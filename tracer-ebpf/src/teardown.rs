@@ -173,6 +173,18 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let (tgid, tid) = current_ids();
+    if prev_state & TASK_DEAD != 0 {
+        // Its exit is over: for a process nobody reaps (its parent ignores SIGCHLD, as a pid
+        // namespace's dying init does), the only moment before its free an RCU grace later.
+        if let Some(owner) = owner_of(tgid, tid) {
+            emit::<TeardownSample>(|e| {
+                e.kind = SampleKind::Exited as u32;
+                e.stack_id = -1;
+                e.owner = owner;
+                e.tid = tid;
+            });
+        }
+    }
     // Going to sleep (not merely preempted, nor dead for good): remember where.
     if prev_state != 0 && prev_state & TASK_DEAD == 0 {
         if let Some(owner) = owner_of(tgid, tid) {

@@ -35,6 +35,8 @@ pub enum SampleKind {
     OnCpu,
     BlockStart,
     BlockEnd,
+    /// The thread's final switch: its exit is over.
+    Exited,
 }
 
 impl From<tracer_common::SampleKind> for SampleKind {
@@ -44,6 +46,7 @@ impl From<tracer_common::SampleKind> for SampleKind {
             K::OnCpu => Self::OnCpu,
             K::BlockStart => Self::BlockStart,
             K::BlockEnd => Self::BlockEnd,
+            K::Exited => Self::Exited,
         }
     }
 }
@@ -81,6 +84,10 @@ pub enum EventData {
         code: i32,
         result: i32,
         group: bool,
+        /// The target's whole group had begun its exit: a signal to a dying or dead process
+        /// (false in recordings made before the kernel side said so).
+        #[serde(default)]
+        target_exiting: bool,
         target_pid: u32,
         target_tid: u32,
         target_threads: u32,

@@ -47,6 +47,14 @@ const PACKAGES: &[&str] = &[
 /// fentry and kprobes, not only on the build machine's.
 pub const HOST_TESTS: &[&str] = &["doctor", "cli_errors", "gpu_errors"];
 
+/// Integration tests the guest runs on the stand-in driver (its closes sleep, as a GPU's
+/// teardown does), once for each strategy: the stock kernel's driver hooks (`hooks`) and the
+/// GPU machines' kernel's, without kprobes or fentry (`locked`). init.sh runs each as
+/// /standin-test-NAME.
+pub const STANDIN_TESTS: &[&str] = &["group_kills"];
+/// The strategies STANDIN_TESTS run with, as init.sh names them.
+pub const STRATEGIES: [&str; 2] = ["hooks", "locked"];
+
 /// The arm64 guests' tools beyond the x86-64 ones': the emulator, the cross compiler, and
 /// qemu-user for the arm64 ldconfig (image.rs); each with its Debian package.
 const ARM64_TOOLS: [(&str, &str); 4] = [
@@ -88,6 +96,7 @@ pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
     let mut programs = vec![
         build::linger(arch)?,
         build::test_bin("linger-vm-gpu", arch)?,
+        build::test_bin("linger-group-job", arch)?,
         standin::build_library(&root.join("standin-lib"), guest)?,
     ];
     // Each lands in the guest's root as /test-NAME, which init.sh runs.
@@ -98,6 +107,14 @@ pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
         .zip(build::integration_tests(HOST_TESTS, arch)?)
     {
         let to = tests.join(format!("test-{name}"));
+        fs::copy(built, &to).with_context(|| format!("copying the {name} test"))?;
+        programs.push(to);
+    }
+    for (name, built) in STANDIN_TESTS
+        .iter()
+        .zip(build::integration_tests(STANDIN_TESTS, arch)?)
+    {
+        let to = tests.join(format!("standin-test-{name}"));
         fs::copy(built, &to).with_context(|| format!("copying the {name} test"))?;
         programs.push(to);
     }

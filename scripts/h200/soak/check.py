@@ -34,6 +34,9 @@ AMBIGUOUS_NS = 5_000_000
 MARGIN_NS = 5_000_000_000
 GAUGE_LAG_NS = 1_000_000_000
 GAUGE_ZERO_BY_NS = 2_000_000_000
+# Jobs killed as a whole group at once (soak.py --groups): their children are victims killed
+# with them, never holders to kill.
+GROUP_KINDS = {"killpg", "cgroup", "pidns"}
 
 
 def last_records(path):
@@ -57,6 +60,31 @@ def incident_of(pid, start, end, incidents):
         if start <= dead <= end:
             return inc
     return None
+
+
+def one_death_complaints(pid, job, incidents):
+    """One termination, one incident: a second one about the same death (the kernel's own
+    kill of a pid namespace's dying init, a kill of a zombie) is wrong, and so is any
+    `not_delivered` for a process that died."""
+    start, end = job.row["t_start_ns"], job.last_end + AMBIGUOUS_NS
+    mine = [i for i in incidents.get(pid, [])
+            if start <= (i.get("t_group_dead_ns") or i.get("t_signal_ns") or 0) <= end]
+    wrong = []
+    if len(mine) > 1:
+        wrong.append(f"{len(mine)} incidents for one death")
+    if any((i.get("verdict") or {}).get("kind") == "not_delivered" for i in mine):
+        wrong.append("not_delivered for a process that died")
+    return wrong
+
+
+def names_group_member(job, inc):
+    """For a job killed as a group: the members of the group its hint says to kill (all of
+    them were killed with it)."""
+    if job.kind not in GROUP_KINDS or inc is None:
+        return []
+    hint = (inc.get("verdict") or {}).get("hint", "")
+    return [f"hint names {p}, killed with it" for p in [job.pid] + list(job.holders)
+            if f"kill {p}" in hint]
 
 
 class Job:
@@ -142,7 +170,7 @@ def judge_job(job, incidents, lean):
         allowed = {"released", "slow_teardown"}
     else:
         allowed = {"released"}
-    if got & either and not how:
+    if got & either and not how and job.kind not in GROUP_KINDS:
         # A process killed with it, alive or already dying at its death: held until then.
         allowed.add("shared_fd")
     verdict = (inc.get("verdict") or {}).get("kind")
@@ -156,6 +184,7 @@ def judge_job(job, incidents, lean):
     complaint = release_complaint(job, inc, t_back)
     if complaint:
         wrong.append(complaint)
+    wrong += one_death_complaints(job.pid, job, incidents) + names_group_member(job, inc)
     return wrong, inc
 
 
@@ -217,7 +246,7 @@ def judge_member(job, pid, incidents, job_inc):
         return (["no incident"] if killed_before else []), None
     sure, either = job.alive_at(pid, t)
     got = holders_of(inc)
-    wrong = []
+    wrong = one_death_complaints(pid, job, incidents) + names_group_member(job, inc)
     if not sure <= got <= sure | either:
         wrong.append(f"holders {sorted(got)} (want {sorted(sure)} and maybe {sorted(either)})")
     if t < job.end[job.pid] - AMBIGUOUS_NS:

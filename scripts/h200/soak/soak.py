@@ -17,7 +17,7 @@ of the first that did not). Meanwhile it scrapes the agent's /metrics and reads 
 time and memory every second. check.py judges the run.
 
 usage: soak.py LINGER OUTDIR [--lean] [--beside-lean] [--duration S] [--workers N] [--rate KILLS_PER_S]
-       [--nvml-poll-ms MS]
+       [--nvml-poll-ms MS] [--groups]
 writes OUTDIR/truth.jsonl (a line per job, then a summary), OUTDIR/metrics.jsonl (a line a
 second), OUTDIR/state/incidents.jsonl (the agent's log), OUTDIR/soak.trace, OUTDIR/agent.err.
 --beside-lean runs a second agent, in --lean, beside the first on the same churn: its files
@@ -196,9 +196,9 @@ class Pace:
         time.sleep(max(0.0, at - now))
 
 
-def job_kind(rng):
+def job_kind(rng, kinds):
     r = rng.random()
-    for kind, p in KINDS:
+    for kind, p in kinds:
         if r < p:
             return kind
         r -= p
@@ -211,6 +211,13 @@ def job_kind(rng):
 # job; "pool": two workers that leave before the kill and one that outlives it.
 KINDS = [("fork", 0.06), ("before", 0.05), ("killed-before", 0.05), ("with", 0.04),
          ("grand", 0.04), ("pool", 0.04), ("ipc", 0.08), ("exit", 0.10)]
+# With --groups, whole groups killed at once, as the field kills them: a process group
+# (killpg), a cgroup (cgroup.kill: a pod, a Slurm step, a systemd unit) and a pid namespace
+# whose init is killed from the host (a container's main process), each with 1-3 children
+# holding the job's files.
+GROUP_KINDS = [("killpg", 0.15), ("cgroup", 0.15), ("pidns", 0.15)]
+# Where the cgroup kind's cgroups go (a pure cgroup v2 hierarchy, as GPU nodes run).
+CGROUPS = "/sys/fs/cgroup/linger-soak"
 
 
 def children_of(kind, life, rng):
@@ -241,15 +248,44 @@ def exits_said(out):
     return said
 
 
-def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
+def group_job(kind, cmd, n):
+    """How a group kind's job starts (the command, what Popen runs first in the child) and
+    is killed (a function of the pid Popen gave)."""
+    if kind == "killpg":
+        return cmd + ["--pgroup"], None, lambda pid: os.killpg(pid, signal.SIGKILL)
+    if kind == "pidns":
+        return (["unshare", "--pid", "--fork"] + cmd + ["--host-pids"], None,
+                lambda pid: None)
+    cg = os.path.join(CGROUPS, f"job-{n}")
+    os.makedirs(cg, exist_ok=True)
+
+    def join():
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+    def kill(_pid):
+        with open(os.path.join(cg, "cgroup.kill"), "w") as f:
+            f.write("1")
+
+    return cmd, join, kill
+
+
+def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib, kinds):
     rng = random.Random(n)
     sizes = [g for g in (1, 2, 4, 8, 16) if g <= max_gib]
+    count = 0
     while not stop.is_set():
-        kind = job_kind(rng)
+        kind = job_kind(rng, kinds)
         gib = rng.choice(sizes)
         life = rng.uniform(0.2, 2.0)
         cmd = [sys.executable, os.path.join(HERE, "job.py"), "--gib", str(gib)]
         plans, kill_at = children_of(kind, life, rng)
+        count += 1
+        group = None
+        if kind in dict(GROUP_KINDS):
+            plans = ["w"] * rng.randint(1, 3)
+            kill_at = [None] * len(plans)
+            cmd, preexec, group_kill = group_job(kind, cmd, f"{n}-{count}")
         if kind == "fork":
             cmd += ["--fork-hold", "1"]
         elif kind == "ipc":
@@ -261,8 +297,10 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
         # A fifth of the jobs other than IPC exporters allocate through CuPy's pool.
         if kind != "ipc" and rng.random() < 0.2:
             cmd += ["--cupy"]
+        else:
+            preexec, group_kill = None, None
         t_start = boot_ns()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=preexec)
         line = proc.stdout.readline()
         rec = {"worker": n, "kind": kind, "gib": gib, "pid": proc.pid, "t_start_ns": t_start}
         if not line.startswith("READY"):
@@ -275,7 +313,12 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
         t_ready = boot_ns()
         rec["t_ready_ns"] = t_ready
         rec["holders"] = info["holders"]
+        # A pid namespace's job is `unshare`'s child, its children reaped by the namespace's
+        # teardown: the harness reaps `unshare`, after all of them.
+        rec["pid"] = info["pid"]
         everyone = [proc.pid] + [h["pid"] for h in info["holders"]]
+        if kind == "pidns":
+            everyone = [proc.pid]
         waiting = [h["pid"] for h in info["holders"] if h.get("plan") == "w"]
         killed = {}
         if kind != "exit":
@@ -287,17 +330,34 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib):
             time.sleep(max(0.0, t_ready / 1e9 + life - boot_ns() / 1e9))
             pace.wait()
             rec["t_kill_ns"] = boot_ns()
-            os.kill(proc.pid, signal.SIGKILL)
+            if group_kill is not None:
+                # One call kills the whole group (the kernel kills a pid namespace's rest).
+                group_kill(proc.pid)
+                if kind == "pidns":
+                    os.kill(info["pid"], signal.SIGKILL)
+                for pid in waiting:
+                    killed[str(pid)] = rec["t_kill_ns"]
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
             for pid, at in zip(waiting, kill_at):
-                if at is None:
+                if at is None and group_kill is None:
                     killed[str(pid)] = boot_ns()
                     os.kill(pid, signal.SIGKILL)
             with lock:
                 for scraper in scrapers:
                     scraper.kills += 1
         reaps = reaper.wait_for(everyone, 60)
+        if kind == "pidns":
+            # Every process of the namespace was reaped before `unshare` was.
+            done = reaps[proc.pid]
+            reaps = {p: done for p in [info["pid"]] + [h["pid"] for h in info["holders"]]}
         rec["reaped"] = {str(p): r and r[0] for p, r in reaps.items()}
         rec["status"] = {str(p): r and r[1] for p, r in reaps.items()}
+        if kind == "cgroup":
+            try:
+                os.rmdir(os.path.join(CGROUPS, f"job-{n}-{count}"))
+            except OSError:
+                pass
         # When each child's life ended: its own word, or the harness's SIGKILL.
         rec["t_end_ns"] = {**exits_said(proc.stdout), **killed}
         with lock:
@@ -338,7 +398,20 @@ def main():
     # Every 2 ms or 20 ms, linger's NVML calls cost the same CPU (H100, 2026-12-05:
     # BENCHMARKS-H200.md).
     p.add_argument("--nvml-poll-ms", type=float, default=2)
+    p.add_argument("--groups", action="store_true", help="whole groups killed at once too")
     a = p.parse_args()
+    kinds = KINDS
+    if a.groups:
+        # Group kills take the place of part of the plain ones; cgroups only where the
+        # hierarchy is v2 and writable.
+        try:
+            os.makedirs(CGROUPS, exist_ok=True)
+            have_cgroups = os.path.exists(os.path.join(CGROUPS, "cgroup.kill"))
+        except OSError:
+            have_cgroups = False
+        if not have_cgroups:
+            print("no writable cgroup v2 hierarchy with cgroup.kill: no cgroup kills", flush=True)
+        kinds = [k for k in GROUP_KINDS if have_cgroups or k[0] != "cgroup"] + KINDS
     os.makedirs(a.out, exist_ok=True)
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     reaper = Reaper()
@@ -358,7 +431,7 @@ def main():
     max_gib = max(1, int(min(128, total_gib - 12)) // a.workers)
     t0 = boot_ns()
     threads = [threading.Thread(target=worker, args=(n, reaper, pace, stop, truth, lock,
-                                                     scrapers, max_gib), daemon=True)
+                                                     scrapers, max_gib, kinds), daemon=True)
                for n in range(a.workers)]
     for t in threads:
         t.start()
@@ -392,7 +465,7 @@ def main():
         # 4: every step of the used memory, and each pid's last NVML share.
         f.write(json.dumps({"summary": True, "harness": 4, "t_begin_ns": t0, "t_end_ns": t_end, "idle_used": idle,
                             "used_after": poll.reading()[2], "workers": a.workers,
-                            "rate": a.rate, "lean": a.lean,
+                            "rate": a.rate, "lean": a.lean, "groups": a.groups,
                             "agent_status": agent_status,
                             "beside_lean_status": a.beside_lean and (statuses[agents[1][0].pid] or (None, None))[1],
                             "used": poll.used, "used_steps": poll.steps}) + "\n")

@@ -101,6 +101,11 @@ pub struct Holder {
     /// not closed the files yet: it held them only until its exit did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub t_dead_ns: Option<u64>,
+    /// When it was SIGKILLed, for a holder killed with the process (by the same group kill,
+    /// or by the kernel as the process, its pid namespace's init, exited): a victim letting go
+    /// with its own exit, never one to kill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_killed_ns: Option<u64>,
 }
 
 impl Holder {
@@ -115,6 +120,8 @@ pub struct Holders {
     procs: IdMap<u32, Process>,
     /// Descriptors listed by the exit walk, waiting for the group-dead record.
     dying: IdMap<u32, Vec<HeldFile>>,
+    /// When each of those walks began: the moment its references were counted.
+    walked_at: IdMap<u32, u64>,
     /// Descriptors an exec is thought to have kept (no close-on-exec known) that its walk has
     /// not confirmed yet: held meanwhile, dropped when the walk is over without them.
     exec_pending: IdMap<u32, BTreeSet<i32>>,
@@ -364,13 +371,22 @@ impl Holders {
                     p.fds.remove(fd);
                 }
             }
-            FdOp::HeldAtExit => self.dying.entry(e.pid).or_default().push(HeldFile {
-                fd: *fd,
-                file,
-                dev: *dev,
-                refcount: *refcount,
-            }),
+            FdOp::HeldAtExit => {
+                self.walked_at.entry(e.pid).or_insert(e.ts_ns);
+                self.dying.entry(e.pid).or_default().push(HeldFile {
+                    fd: *fd,
+                    file,
+                    dev: *dev,
+                    refcount: *refcount,
+                })
+            }
         }
+    }
+
+    /// When `pid`'s exit walk counted its files' references (before its group-dead record,
+    /// which other CPUs' records can come between).
+    pub fn walked_at(&self, pid: u32) -> Option<u64> {
+        self.walked_at.get(&pid).copied()
     }
 
     /// The group of `pid` died: returns what it held (from the exit walk, else from the table)
@@ -381,6 +397,7 @@ impl Holders {
         self.exec_closed.remove(&pid);
         self.exec_cpu.remove(&pid);
         let proc = self.procs.remove(&pid);
+        self.walked_at.remove(&pid);
         match self.dying.remove(&pid) {
             Some(walk) => walk,
             None => proc
@@ -543,6 +560,7 @@ impl Holders {
                     how: first.how,
                     t_released_ns: None,
                     t_dead_ns: None,
+                    t_killed_ns: None,
                 })
             })
             .collect();

@@ -197,6 +197,8 @@ pub struct TeardownLog {
     pub wakeups: Vec<(u64, u32, String)>,
     /// Release calls timed by the driver hooks.
     pub calls: Vec<DriverSpan>,
+    /// Its threads' final switches (their exits over): (when, tid).
+    exited: Vec<(u64, u32)>,
 }
 
 impl TeardownLog {
@@ -208,6 +210,10 @@ impl TeardownLog {
         stack_id: i32,
         blocked_ns: u64,
     ) {
+        if kind == SampleKind::Exited {
+            self.exited.push((t_ns, tid));
+            return;
+        }
         self.samples.push(Sample {
             t_ns,
             tid,
@@ -215,6 +221,21 @@ impl TeardownLog {
             stack_id,
             blocked_ns,
         });
+    }
+
+    /// Whether thread `tid` made its final switch.
+    pub fn has_exited(&self, tid: u32) -> bool {
+        self.exited.iter().any(|(_, t)| *t == tid)
+    }
+
+    /// The last of its threads' final switches at or before `t_ns`: by then, every exit of
+    /// the group was over, the release of its files with them.
+    pub fn exits_over_by(&self, t_ns: u64) -> Option<u64> {
+        self.exited
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t <= t_ns)
+            .max()
     }
 
     /// Phase times of thread `tid` within `[from, to]`, largest first, and the share of the
@@ -237,7 +258,7 @@ impl TeardownLog {
             let end = s.t_ns.min(to);
             let start = match s.kind {
                 SampleKind::BlockEnd => s.t_ns.saturating_sub(s.blocked_ns).max(last),
-                SampleKind::OnCpu | SampleKind::BlockStart => last,
+                SampleKind::OnCpu | SampleKind::BlockStart | SampleKind::Exited => last,
             }
             .max(from);
             if end > start {
@@ -420,7 +441,7 @@ impl TeardownLog {
                 SampleKind::BlockStart => {
                     open.insert(s.tid, (s.t_ns, s.stack_id));
                 }
-                SampleKind::BlockEnd | SampleKind::OnCpu => {
+                SampleKind::BlockEnd | SampleKind::OnCpu | SampleKind::Exited => {
                     open.remove(&s.tid);
                 }
             }
@@ -449,7 +470,7 @@ impl TeardownLog {
                         .min(to)
                         .saturating_sub(s.t_ns.saturating_sub(s.blocked_ns).max(from))
                 }
-                SampleKind::BlockStart => {
+                SampleKind::BlockStart | SampleKind::Exited => {
                     last.insert(s.tid, s.t_ns);
                     0
                 }

@@ -363,10 +363,10 @@ fn gpu_steps(inc: &Incident, gpu: &GpuImpact) -> Vec<String> {
         _ => {}
     }
     if let (Some(t), Some(by)) = (gpu.t_files_released_ns, gpu.files_released_by) {
-        let how = if by == Source::Fput {
-            "__fput"
-        } else {
-            "by its zombie"
+        let how = match by {
+            Source::Fput => "__fput",
+            Source::Exited => "by its exit",
+            _ => "by its zombie",
         };
         steps.push(format!(
             "its files released +{} ({how})",

@@ -9,6 +9,7 @@ use std::mem::size_of;
 use tracer_common::{
     self as c, DriverFunc, FdOp, Header, Kind, Payload, ReapHow, SampleKind, Wire, CALL_EXIT,
     COMM_LEN, FD_CLOEXEC, FD_WALK_TRUNCATED, FORK_FILES_SHARED, HOOK_FENTRY, HOOK_KPROBE,
+    SIGNAL_TARGET_EXITING, SIGNAL_TO_GROUP,
 };
 
 // Trace files hold the kernel's records as written on little-endian machines.
@@ -122,7 +123,8 @@ fn signal_generate(p: c::SignalGenerate) -> EventData {
         sig: p.sig,
         code: p.code,
         result: p.result,
-        group: p.group != 0,
+        group: p.flags & SIGNAL_TO_GROUP != 0,
+        target_exiting: p.flags & SIGNAL_TARGET_EXITING != 0,
         target_pid: p.target_pid,
         target_tid: p.target_tid,
         target_threads: p.target_threads,

@@ -50,8 +50,16 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
             guest.succeeded(&format!("test-{name}")),
         )
     });
+    let standin_tests = super::STANDIN_TESTS.iter().flat_map(|name| {
+        super::STRATEGIES.map(|strategy| {
+            (
+                format!("tests/{name}.rs ({strategy})"),
+                guest.succeeded(&format!("test-{name}-{strategy}")),
+            )
+        })
+    });
     let mut counts = (0, 0);
-    for (name, result) in results.into_iter().chain(host_tests) {
+    for (name, result) in results.into_iter().chain(host_tests).chain(standin_tests) {
         match result {
             Ok(()) => {
                 eprintln!("xtask vm: {name} ... ok");

@@ -240,5 +240,25 @@ for t in /test-*; do
     say test-$name-exit $?
     tagged test-$name-err /tmp/test.out
 done
+# Whole groups killed at once (killpg, a cgroup, a pid namespace's init, a job killed as its
+# child exits) on the stand-in driver, whose nvidia0 close sleeps 200 ms and logs the end of
+# its free, under each strategy: the driver hooks this kernel allows, and none (the GPU
+# machines' kernel). The churn runs 120 s (30 s under arm64's slower emulation).
+mkdir -p /sys/fs/cgroup
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+churn=120
+[ "$(uname -m)" = aarch64 ] && churn=30
+for t in /standin-test-*; do
+    name=${t#/standin-test-}
+    for strategy in hooks locked; do
+        args=
+        [ $strategy = locked ] && args="--driver-hooks off"
+        LINGER_BIN=/linger LINGER_GROUP_JOB=/linger-group-job LINGER_TEST_GPU_DEVICE=/tmp/nvidia0 \
+            LINGER_TEST_STANDIN_LOG=1 LINGER_TEST_LIVE_ARGS="$args" LINGER_GROUP_CHURN_S=$churn \
+            $t --test-threads=1 > /tmp/test.out 2>&1
+        say test-$name-$strategy-exit $?
+        tagged test-$name-$strategy-err /tmp/test.out
+    done
+done
 say done
 poweroff -f

@@ -3,13 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::{
-    holders::{FileId, HeldFile, Holder, How},
+    holders::{FileId, Holder, How},
     incident::{
         Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
     },
     memory::{Residual, Role},
     references::{self, Unseen},
-    termination,
+    termination::SignalSent,
 };
 use crate::event::Event;
 
@@ -34,6 +34,8 @@ impl Correlator {
             owns: false,
             ledger_parts: Vec::new(),
             holder_gone: BTreeMap::new(),
+            co_victims: BTreeMap::new(),
+            walked_ns: t_ns,
             parent: None,
             importer_names: BTreeMap::new(),
             unaccounted: Unseen::default(),
@@ -47,23 +49,33 @@ impl Correlator {
         id
     }
 
-    pub(super) fn signal(
-        &mut self,
-        t_ns: u64,
-        sig: u32,
-        code: i32,
-        sender: Sender,
-        target: Target,
-        discarded: bool,
-    ) {
+    /// A fatal signal `sent` to `target`: the first opens its case. One to a group already
+    /// exiting (`exiting`, as the kernel says; or dropped by the kernel while its dead group
+    /// is not reaped, in recordings without that word) belongs to the death under way: the
+    /// kernel's own kill of what is left of a pid namespace as its init exits, which reaches
+    /// the dying init too, or a second kill of the same job. It never opens a case.
+    pub(super) fn signal(&mut self, sent: SignalSent, target: Target, exiting: bool) {
         let pid = target.pid;
-        let id = match self.cases.of_alive(pid) {
-            Some(id) => id,
-            None if self.wanted(pid, &target.comm) => self.open_case(target, t_ns),
-            None => return,
+        let t_ns = sent.t_ns;
+        let late = exiting || sent.discarded;
+        let id = match (self.cases.of_alive(pid), self.cases.of_unreaped(pid)) {
+            (Some(id), _) => id,
+            (None, Some(id)) if late => {
+                if let Some(c) = self.cases.get_mut(&id) {
+                    c.signals.push(SignalSent {
+                        discarded: true,
+                        ..sent
+                    });
+                }
+                self.agenda.touch(id);
+                return;
+            }
+            (None, _) if exiting => return,
+            (None, _) if self.wanted(pid, &target.comm) => self.open_case(target, t_ns),
+            (None, _) => return,
         };
-        let sent = termination::sent(sig, code, sender, t_ns, discarded);
         let holds_gpu = self.holders.holds_gpu_files(pid);
+        self.killed_holder(pid, &sent);
         if let Some(c) = self.cases.get_mut(&id) {
             c.signals.push(sent);
             c.gpu |= holds_gpu;
@@ -117,12 +129,14 @@ impl Correlator {
         let workload = self.workload_of(pid);
         // What it was known to hold, for the cases whose files it holds, before it goes.
         let holds_for = self.cases.held_by(pid);
+        self.co_victim_died(pid, t_ns, &holds_for);
         let how_held = self
             .holders
             .process(pid)
             .and_then(|p| p.fds.values().next().map(|f| f.how));
+        let walked_ns = self.holders.walked_at(pid).unwrap_or(t_ns);
         let held = self.holders.group_died(pid);
-        self.holder_walked(&holds_for, &held, pid);
+        self.holder_walked(&holds_for, &held, (pid, walked_ns));
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
             Some(id) => Some(id),
@@ -149,8 +163,7 @@ impl Correlator {
                 }
             }
             let oom = self.oom_marked.remove(&pid).is_some();
-            let mut fd_holders = self.holders.holders_of(&files, pid);
-            fd_holders.extend(self.dying_holders(id, &files));
+            let fd_holders = self.holders_at_death(id, pid, &files, walked_ns);
             let role = self.role_at_death(id, pid, &files, &fd_holders);
             let owner = match role {
                 Role::AliasOf(o) => self
@@ -252,6 +265,24 @@ impl Correlator {
         }
     }
 
+    /// Who else held case `id`'s `files` when `pid`'s exit walk counted their references at
+    /// `walked_ns`: the live holders, those dying before it, and which were killed with it.
+    fn holders_at_death(
+        &mut self,
+        id: u64,
+        pid: u32,
+        files: &[FileId],
+        walked_ns: u64,
+    ) -> Vec<Holder> {
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.walked_ns = walked_ns;
+        }
+        let mut fd_holders = self.holders.holders_of(files, pid);
+        fd_holders.extend(self.dying_holders(id, files));
+        self.co_victims_at_death(id, &fd_holders);
+        fd_holders
+    }
+
     /// Processes dead before case `id` whose exit has not closed their descriptors of `files`
     /// yet (killed beside it): they hold the files until their own release.
     fn dying_holders(&self, id: u64, files: &[FileId]) -> Vec<Holder> {
@@ -276,6 +307,7 @@ impl Correlator {
                     how: o.how_held.unwrap_or(How::Seen { t_ns: dead }),
                     t_released_ns: None,
                     t_dead_ns: Some(dead),
+                    t_killed_ns: None,
                 })
             })
             .collect()
@@ -391,6 +423,11 @@ impl Correlator {
     /// The exit path is done with the files: the driver hooks' last `__fput` if they timed
     /// one, else this moment (the zombie transition or the reap) as an upper bound.
     pub(super) fn kernel_released(&mut self, id: u64, t_ns: u64) {
+        self.kernel_released_by(id, t_ns, Source::Zombie);
+    }
+
+    /// [`Self::kernel_released`], at a moment `by` says.
+    pub(super) fn kernel_released_by(&mut self, id: u64, t_ns: u64, by: Source) {
         let Some(c) = self.cases.get_mut(&id) else {
             return;
         };
@@ -399,7 +436,7 @@ impl Correlator {
         }
         let release = match c.fput_end {
             Some(end) if end <= t_ns => (end, Source::Fput),
-            _ => (t_ns, Source::Zombie),
+            _ => (t_ns, by),
         };
         c.kernel_release = Some(release);
         let pid = c.inc.target.pid;
@@ -416,6 +453,15 @@ impl Correlator {
             return;
         };
         self.agenda.touch(id);
+        // Freed without a SIGCHLD (nobody to reap it): its exit was over at its threads'
+        // final switches, an RCU grace period before the free.
+        let exited = match (by_wait, self.cases.get(&id)) {
+            (false, Some(c)) if c.inc.t_zombie_ns.is_none() => self
+                .teardown
+                .get(&reaped_pid)
+                .and_then(|l| l.exits_over_by(e.ts_ns)),
+            _ => None,
+        };
         if let Some(c) = self.cases.get_mut(&id) {
             if c.inc.t_reaped_ns.is_none() {
                 c.inc.t_reaped_ns = Some(e.ts_ns);
@@ -426,89 +472,9 @@ impl Correlator {
                 });
             }
         }
-        self.kernel_released(id, e.ts_ns);
-    }
-
-    /// The process of case `id` died holding files of `owner`'s, which had references nobody
-    /// known accounted for: its walk's descriptors were some of them.
-    fn unseen_holder_died(&mut self, owner: u64, id: u64, ppid: u32, t_ns: u64) {
-        let Some(dead) = self.cases.get(&id) else {
-            return;
-        };
-        let pid = dead.inc.target.pid;
-        let wanted = self
-            .cases
-            .get(&owner)
-            .is_some_and(|c| c.unaccounted.any() && !c.holder_gone.contains_key(&pid));
-        if !wanted {
-            return;
-        }
-        let comm = dead.inc.target.comm.clone();
-        let held: Vec<HeldFile> = dead.inc.gpu.iter().flat_map(|g| g.files.clone()).collect();
-        let Some(c) = self.cases.get_mut(&owner) else {
-            return;
-        };
-        c.unaccounted.found_in(&held);
-        let fds = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
-        c.holder_gone.insert(pid, None);
-        c.fd_holders.push(Holder {
-            pid,
-            comm,
-            ppid,
-            fds,
-            how: How::Seen { t_ns },
-            t_released_ns: None,
-            t_dead_ns: None,
-        });
-        self.agenda.touch(owner);
-        self.cases.holds_for(pid, owner);
-    }
-
-    /// A searched process's walk is in: it joins the holders of the dead cases whose files it
-    /// holds and whose references were not all accounted for.
-    pub(super) fn searched(&mut self, pid: u32) {
-        let ids: Vec<u64> = self
-            .cases
-            .iter()
-            // A walk lists one descriptor per record: a holder already found grows with them.
-            .filter(|(_, c)| {
-                c.unaccounted.any()
-                    || c.fd_holders
-                        .iter()
-                        .any(|h| h.pid == pid && h.found_by_walk())
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            let Some(c) = self.cases.get(&id) else {
-                continue;
-            };
-            let target = c.inc.target.pid;
-            let Some(found) = self
-                .holders
-                .holders_of(&c.files, target)
-                .into_iter()
-                .find(|h| h.pid == pid)
-            else {
-                continue;
-            };
-            let held = c
-                .inc
-                .gpu
-                .as_ref()
-                .map(|g| g.files.clone())
-                .unwrap_or_default();
-            let left = references::unaccounted(&held, &self.holders, target);
-            if let Some(c) = self.cases.get_mut(&id) {
-                c.unaccounted.at_most(&left);
-                c.holder_gone.entry(pid).or_insert(None);
-                self.agenda.touch(id);
-                match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
-                    Some(known) => known.fds = found.fds,
-                    None => c.fd_holders.push(found),
-                }
-                self.cases.holds_for(pid, id);
-            }
+        match exited {
+            Some(t) => self.kernel_released_by(id, t, Source::Exited),
+            None => self.kernel_released(id, e.ts_ns),
         }
     }
 
@@ -548,67 +514,8 @@ impl Correlator {
         }
     }
 
-    /// A holder of dead processes' files died (`pid`, its exit walk `walk`): the references
-    /// to those files are counted afresh, without its threads' polls and calls, which ended
-    /// before its last thread walked.
-    fn holder_walked(&mut self, cases: &[u64], walk: &[HeldFile], pid: u32) {
-        for id in cases {
-            let Some(c) = self.cases.get(id) else {
-                continue;
-            };
-            let theirs: Vec<HeldFile> = walk
-                .iter()
-                .filter(|h| h.refcount > 0 && c.files.contains(&h.file))
-                .cloned()
-                .collect();
-            if theirs.is_empty() {
-                continue;
-            }
-            let mut fresh = references::unaccounted(&theirs, &self.holders, pid);
-            if c.kernel_release.is_none() {
-                // The dead process has not closed its own descriptors yet.
-                if let Some(gpu) = &c.inc.gpu {
-                    fresh.found_in(&gpu.files);
-                }
-            }
-            let counted: Vec<FileId> = theirs.iter().map(|h| h.file).collect();
-            if let Some(c) = self.cases.get_mut(id) {
-                c.unaccounted.recount(&counted, fresh);
-            }
-            self.keep_unseen(*id);
-        }
-    }
-
-    /// Of a dead case's references nobody known accounts for, keeps those on files no holder
-    /// linger knows may be holding: a live one (a poll or a call under way in one of its
-    /// threads holds a reference of its own) or another dead process whose exit has not
-    /// closed them yet. Only those are searched for; the others are counted again when their
-    /// holder dies.
-    fn keep_unseen(&mut self, id: u64) {
-        let Some(c) = self.cases.get(&id) else {
-            return;
-        };
-        if !c.unaccounted.any() {
-            return;
-        }
-        let dying: Vec<FileId> = self
-            .cases
-            .iter()
-            .filter(|(other, o)| {
-                **other != id && o.inc.t_group_dead_ns.is_some() && o.kernel_release.is_none()
-            })
-            .flat_map(|(_, o)| o.files.iter().copied())
-            .collect();
-        let holders = &self.holders;
-        if let Some(c) = self.cases.get_mut(&id) {
-            c.unaccounted
-                .retain(|f| !holders.holds_file(f) && !dying.contains(&f));
-            self.search_wanted |= c.unaccounted.any();
-        }
-    }
-
     /// The case of a dead process (the latest, should the pid have been reused).
-    fn case_of_dead(&self, pid: u32) -> Option<&Case> {
+    pub(super) fn case_of_dead(&self, pid: u32) -> Option<&Case> {
         self.cases
             .values()
             .rev()

@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 
 mod cases;
 mod death;
+mod group;
 mod release;
 mod report;
 mod snapshot;
+mod unseen;
 
 use cases::CaseTable;
 use death::sender_of;
@@ -33,7 +35,7 @@ use super::{
     storm::StormLog,
     stuck::{Found, StuckBook, StuckRecord},
     teardown::{Stack, TeardownLog},
-    termination::SignalSent,
+    termination::{self, SignalSent},
     unheld::{UnheldRecord, UnheldWatch},
 };
 use crate::event::{Event, EventData, FdOp, NvmlGpu, Workload};
@@ -141,6 +143,10 @@ pub(in crate::analysis) struct Case {
     pub holder_gone: BTreeMap<u32, Option<u64>>,
     /// The process its SIGCHLD went to, and its comm: the one that reaps it.
     parent: Option<(u32, String)>,
+    /// When its exit walk counted its files' references.
+    walked_ns: u64,
+    /// Holders of its files killed with it (`group.rs`).
+    co_victims: BTreeMap<u32, group::CoVictim>,
     /// Importers of its memory: comm and parent, as known when the import was found.
     pub importer_names: BTreeMap<u32, (String, u32)>,
     /// References to its files at death that no known holder accounted for; less as the
@@ -236,6 +242,7 @@ impl Correlator {
                 sig,
                 code,
                 result,
+                target_exiting,
                 target_pid,
                 target_threads,
                 sender_threads,
@@ -254,7 +261,8 @@ impl Correlator {
                         workload: None,
                     };
                     let discarded = *result == RESULT_IGNORED;
-                    self.signal(e.ts_ns, *sig, *code, sender, target, discarded);
+                    let sent = termination::sent(*sig, *code, sender, e.ts_ns, discarded);
+                    self.signal(sent, target, *target_exiting);
                 }
             }
             EventData::SignalDeliver { sig, handler, .. } => self.delivered(e, *sig, *handler),
@@ -385,13 +393,18 @@ impl Correlator {
                 owner,
                 tid,
                 blocked_ns,
-            } => self.teardown.entry(*owner).or_default().sample(
-                e.ts_ns,
-                *tid,
-                *sample,
-                *stack_id,
-                *blocked_ns,
-            ),
+            } => {
+                self.teardown.entry(*owner).or_default().sample(
+                    e.ts_ns,
+                    *tid,
+                    *sample,
+                    *stack_id,
+                    *blocked_ns,
+                );
+                if *sample == crate::event::SampleKind::Exited {
+                    self.thread_exited(*owner, e.ts_ns);
+                }
+            }
             EventData::KthreadWakeup {
                 kthread_tid,
                 owner,

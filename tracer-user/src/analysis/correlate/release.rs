@@ -150,6 +150,32 @@ impl Correlator {
         }
     }
 
+    /// A thread of dying `owner` left the CPU for good. Once the group is dead and every one
+    /// of its threads has, its exit is over, the release of its files with it: a
+    /// process nobody reaps (its parent ignores SIGCHLD, as a pid namespace's dying init
+    /// does) sends no SIGCHLD, and its free comes an RCU grace period later, or never while
+    /// something holds its task.
+    pub(super) fn thread_exited(&mut self, owner: u32, t_ns: u64) {
+        let Some(id) = self.cases.of_unreaped(owner) else {
+            return;
+        };
+        let (Some(c), Some(log)) = (self.cases.get(&id), self.teardown.get(&owner)) else {
+            return;
+        };
+        // Every thread's exit seen: it was signalled (followed from then on), and as many
+        // threads exited as it had.
+        let all_seen =
+            !c.signals.is_empty() && c.inc.exits.len() >= c.inc.target.threads.max(1) as usize;
+        let over = c.kernel_release.is_none()
+            && c.inc.t_zombie_ns.is_none()
+            && all_seen
+            && c.dead_tid.is_some_and(|t| log.has_exited(t))
+            && c.inc.exits.iter().all(|x| log.has_exited(x.tid));
+        if over {
+            self.kernel_released_by(id, t_ns, Source::Exited);
+        }
+    }
+
     /// Whether a dead case's memory needs no more watching: it is back, and the holders'
     /// own releases (which follow NVML's reading by a millisecond or so) are known, and so is
     /// the victim's own end (its zombie: the memory can come back before the rest of its exit,

@@ -167,14 +167,18 @@ impl Correlator {
             self.advance_alive(id, out);
             return;
         }
+        let dead = c.inc.t_group_dead_ns.unwrap_or(now);
+        let since_death = now.saturating_sub(dead);
         if !self.reportable_death(id) {
-            if self.settled(id) {
+            // Kept until its exit let go of its files: a victim dying meanwhile (a parent
+            // killed as its child exits) counts it among the holders letting go, not as
+            // references nobody accounts for.
+            let let_go = c.kernel_release.is_some() || since_death >= self.config.reap_wait_ns;
+            if self.settled(id) && let_go {
                 self.drop_case(id);
             }
             return;
         }
-        let dead = c.inc.t_group_dead_ns.unwrap_or(now);
-        let since_death = now.saturating_sub(dead);
         let reaped = c.inc.t_reaped_ns.is_some() || since_death >= self.config.reap_wait_ns;
         let settled = self.settled(id);
         match &c.reported {
@@ -184,8 +188,11 @@ impl Correlator {
                 // NVML's word on its share comes with the first reading after the death.
                 let read = !self.memory.nvml() || self.memory.read_since(dead);
                 let slow = since_death >= self.config.slow_after_ns && !self.nvml_lags(id);
+                // Holders killed with it let go with their exits: their deaths give the verdict.
+                let waits = self.awaits_co_victims(id);
                 let due = (settled && reaped)
                     || ((held_elsewhere || self.unexplained(id))
+                        && !waits
                         && ((reaped && read) || since_death >= HELD_REPORT_NS))
                     || slow;
                 if due {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tracer_common::driver::dev_minor;
 
-use super::{Case, Correlator, Reported};
+use super::{group, Case, Correlator, Reported};
 use crate::analysis::{
     holders::{HeldFile, Holder, How},
     incident::{ExitStatus, GpuPart, Incident, Source, HELD_BY_OWNERS},
@@ -294,6 +294,7 @@ impl Correlator {
         }
         let dead = c.inc.t_group_dead_ns?.min(back);
         let deaths = c.fd_holders.iter().filter_map(|h| h.t_dead_ns);
+        let deaths = deaths.chain(c.co_victims.values().filter_map(|v| v.dead_ns));
         let died = deaths.filter(|&t| t <= back).fold(dead, u64::max);
         let pids = std::iter::once(c.inc.target.pid).chain(c.fd_holders.iter().map(|h| h.pid));
         let freeing = pids
@@ -412,6 +413,7 @@ impl Correlator {
         let mut out = c.fd_holders.clone();
         for h in &mut out {
             h.t_released_ns = c.holder_gone.get(&h.pid).copied().flatten();
+            group::mark_co_victim(h, c);
         }
         for r in w.iter().flat_map(|w| w.residuals()) {
             let (comm, ppid) = c
@@ -432,6 +434,7 @@ impl Correlator {
                 },
                 t_released_ns: r.back_ns,
                 t_dead_ns: None,
+                t_killed_ns: None,
             });
         }
         out
@@ -542,6 +545,9 @@ impl Correlator {
                 ms(k),
                 match how {
                     Source::Fput => "the driver hooks' last __fput",
+                    Source::Exited =>
+                        "its last thread's final switch, nobody reaping it: an \
+                                       upper bound",
                     _ => "the zombie transition: an upper bound",
                 }
             ));

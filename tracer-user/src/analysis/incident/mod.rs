@@ -221,6 +221,10 @@ pub enum Source {
     /// The zombie transition (SIGCHLD to the parent), which follows the exit path's release of
     /// the files: an upper bound.
     Zombie,
+    /// The last of its threads' final switch, for a process that sent no SIGCHLD (reaped by
+    /// nobody: its parent ignores SIGCHLD, as a pid namespace's dying init does): an upper
+    /// bound, where the kernel's free comes an RCU grace period later.
+    Exited,
 }
 
 /// `share_from` of a death that gave back nothing of its own while its files stay open in

@@ -134,6 +134,10 @@ fn settle_import(w: &mut Watch, importer: u32, t_ns: u64, listed: Option<u64>) -
         .filter(|n| t_ns >= n.saturating_add(VERIFY_NS))
 }
 
+/// What of an exporter's NVML figure does not move to its importer: its own CUDA context
+/// (518 MiB on an H200 with PyTorch), with room to spare.
+const CONTEXT_SLACK: u64 = 1 << 30;
+
 /// Who holds the part of `w`'s share that did not come back.
 pub(super) enum Importers {
     /// The importers the ledger knows of, else the one NVML's figures point at.
@@ -198,8 +202,15 @@ pub(super) fn importers_of(
     }
     // Without driver calls, a candidate is told from a job allocating only where no other
     // process's figure rose at the same time, and is the importer of this victim only where
-    // no other left the list with it.
-    if !own.sees_calls() && !candidates.is_empty() && (risers.len() > 1 || rivals > 0) {
+    // no other left the list with it, and where it took over what the victim held: NVML moves
+    // an imported allocation to its importer as the exporter leaves its list, all of it but
+    // the exporter's own CUDA context. A smaller rise says nothing (on an H100 under churn,
+    // new jobs' first 64 MiB were taken for imports of victims of gigabytes).
+    let takes_over = |rise: &Rise| rise.bytes + CONTEXT_SLACK.max(tolerance(share)) >= share;
+    if !own.sees_calls()
+        && !candidates.is_empty()
+        && (risers.len() > 1 || rivals > 0 || !candidates.iter().all(|(_, r)| takes_over(r)))
+    {
         return Importers::Ambiguous(candidates.iter().map(|(p, r)| (*p, r.bytes)).collect());
     }
     for (importer, rise) in candidates {

@@ -153,6 +153,7 @@ fn sigchld_with(sender_threads: u32) -> EventData {
         code: 2,
         result: 0,
         group: true,
+        target_exiting: false,
         target_pid: SHELL,
         target_tid: SHELL,
         target_threads: 1,

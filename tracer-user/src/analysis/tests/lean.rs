@@ -27,7 +27,8 @@ fn lean_a_kill_before_any_holder_was_known_is_found_through_nvml() {
 
 /// `--lean` on a busy GPU: the kernel's release of a victim's files, once NVML no longer lists
 /// it, is its memory's return unless another process's figure rose as it left the list. One
-/// riser alone is an importer; a riser among other rising processes cannot be told from a job
+/// riser alone that took over what the victim held is an importer, one that rose by less
+/// says nothing; a riser among other rising processes cannot be told from a job
 /// allocating (`incomplete`); a process still starting CUDA (listed at no more than the slack)
 /// imports nothing.
 #[test]
@@ -35,7 +36,7 @@ fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_
     const STARTING: u64 = 14 << 20;
     // (other processes' figures before and as the victim leaves the list; the verdict)
     type Figures<'a> = &'a [(u32, u64)];
-    let cases: [(Figures, Figures, VerdictKind); 4] = [
+    let cases: [(Figures, Figures, VerdictKind); 5] = [
         // A job not listed yet takes 4 GiB as the victim's come back.
         (&[], &[], VerdictKind::Released),
         // A job starting CUDA: its rise is its own start.
@@ -46,6 +47,13 @@ fn lean_on_a_busy_gpu_times_the_return_by_the_kernel_and_says_where_risers_blur_
         ),
         // The only riser, with a context of its own: an importer.
         (&[(30, CTX)], &[(30, CTX + 4 * GIB)], VerdictKind::Imported),
+        // The only riser, by far less than the victim held: a job's own allocation as
+        // likely as an import (an H100's churn: new jobs' first 64 MiB).
+        (
+            &[(30, CTX)],
+            &[(30, CTX + (64 << 20))],
+            VerdictKind::Incomplete,
+        ),
         // The same beside a job starting at the same moment: either may be allocating.
         (
             &[(20, STARTING), (30, CTX)],

@@ -2,6 +2,7 @@
 //! situations seen on the H200 (no root, no kernel): one test per way the answer went wrong.
 
 mod children;
+mod groups;
 mod imports;
 mod incidents;
 mod lean;

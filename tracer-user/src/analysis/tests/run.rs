@@ -81,6 +81,7 @@ impl Run {
                 code: 0,
                 result: 0,
                 group: true,
+                target_exiting: false,
                 target_pid: target,
                 target_tid: target,
                 target_threads: 2,

@@ -53,7 +53,16 @@ pub(super) fn ambiguous(f: &Facts) -> Option<Verdict> {
 fn shared_fd_verdict(fd_holders: &[&Holder], unaccounted: Option<String>) -> Verdict {
     let mut evidence: Vec<String> = fd_holders
         .iter()
-        .map(|h| format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)))
+        .map(|h| match h.t_killed_ns {
+            Some(_) => format!(
+                "{}[{}] holds fds {:?} ({}), killed with it and not dead yet",
+                h.comm,
+                h.pid,
+                h.fds,
+                how(h)
+            ),
+            None => format!("{}[{}] holds fds {:?} ({})", h.comm, h.pid, h.fds, how(h)),
+        })
         .collect();
     evidence.extend(unaccounted);
     if fd_holders.is_empty() {
@@ -65,15 +74,44 @@ fn shared_fd_verdict(fd_holders: &[&Holder], unaccounted: Option<String>) -> Ver
                 .into(),
         };
     }
-    let pids: Vec<String> = fd_holders.iter().map(|h| h.pid.to_string()).collect();
+    // Only a holder that still holds the files and was not killed is one to kill.
+    let pids = |which: fn(&Holder) -> bool| -> Vec<String> {
+        fd_holders
+            .iter()
+            .filter(|h| which(h))
+            .map(|h| h.pid.to_string())
+            .collect()
+    };
+    let to_kill = pids(|h| h.t_killed_ns.is_none() && h.t_released_ns.is_none());
+    let killed = pids(|h| h.t_killed_ns.is_some() && h.t_released_ns.is_none());
+    // A holder killed with it is no process to kill again: it cannot die yet.
+    let dying = (!killed.is_empty()).then(|| {
+        format!(
+            "{} killed with it and not dead yet: a thread blocked uninterruptibly cannot \
+             die (its own incident says where)",
+            killed.join(", ")
+        )
+    });
+    let hint = match (to_kill.is_empty(), dying) {
+        (false, dying) => format!(
+            "the memory is freed when the last holder closes the files: kill {} (or have \
+             children close GPU descriptors; start DataLoader workers with the spawn \
+             method){}",
+            to_kill.join(", "),
+            dying.map(|d| format!("; {d}")).unwrap_or_default()
+        ),
+        (true, Some(dying)) => {
+            format!("the memory is freed when the last holder's exit closes the files; {dying}")
+        }
+        (true, None) => "the memory was freed when the last holder let go of the files: have \
+                         children close GPU descriptors (start DataLoader workers with the \
+                         spawn method)"
+            .into(),
+    };
     Verdict {
         kind: VerdictKind::SharedFd,
         evidence,
-        hint: format!(
-            "the memory is freed when the last holder closes the files: kill {} (or have \
-             children close GPU descriptors; start DataLoader workers with the spawn method)",
-            pids.join(", ")
-        ),
+        hint,
     }
 }
 

@@ -181,11 +181,17 @@ fn timed(f: &Facts) -> Option<Verdict> {
     let mut evidence = breakdown;
     evidence.extend(f.fd_holders.iter().filter_map(|h| {
         let dead = h.t_dead_ns?;
+        let when = match (dead <= f.dead, h.t_killed_ns) {
+            (true, _) => format!("dead {:.1} ms before it", ms(f.dead - dead)),
+            (false, Some(_)) => {
+                format!("killed with it, dead {:.1} ms after it", ms(dead - f.dead))
+            }
+            (false, None) => format!("dead {:.1} ms after it", ms(dead - f.dead)),
+        };
         Some(format!(
-            "{}[{}], dead {:.1} ms before it, held its files until its own exit closed them{}",
+            "{}[{}], {when}, held its files until its own exit closed them{}",
             h.comm,
             h.pid,
-            ms(f.dead.saturating_sub(dead)),
             h.t_released_ns
                 .map(|t| format!(" (+{:.1} ms)", ms(t.saturating_sub(f.dead))))
                 .unwrap_or_default()

@@ -1,0 +1,140 @@
+//! Processes killed together: one killpg, a `cgroup.kill`, `systemctl kill`, a Slurm step's
+//! end, or the kernel's own kill of what is left of a pid namespace as its init exits. The
+//! holders of a victim's files killed with it are victims letting go with their own exits,
+//! not holders to kill: its report waits for them, and its verdict is the one their deaths
+//! give.
+
+use crate::analysis::{
+    holders::Holder,
+    signals::{Origin, SIGKILL},
+    termination::SignalSent,
+};
+
+use super::{Case, Correlator};
+
+/// A holder of a victim's files that went with it: killed with it, or dead of its own
+/// within [`WENT_WITH_NS`] of its death (a child exiting as its parent is killed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct CoVictim {
+    /// When a SIGKILL reached it; None for one that exited on its own.
+    pub killed_ns: Option<u64>,
+    /// When its group died, once it has.
+    pub dead_ns: Option<u64>,
+}
+
+/// A holder whose group dies this soon after the victim's, of its own, went with it: its exit
+/// raced the victim's kill, and nothing lingered because of it.
+const WENT_WITH_NS: u64 = 50_000_000;
+
+/// Whether `sent`, to a holder of `victim`'s files, kills it with the victim: a SIGKILL before
+/// the victim let go of its files (at `released_ns`, if it has), or one the kernel sent in the
+/// victim's own context as it exited (its pid namespace torn down, after its files' release).
+fn kills_with(sent: &SignalSent, victim: u32, released_ns: Option<u64>) -> bool {
+    sent.sig == SIGKILL
+        && !sent.discarded
+        && (released_ns.is_none_or(|t| sent.t_ns <= t)
+            || (sent.origin == Origin::Kernel && sent.sender.context_pid == Some(victim)))
+}
+
+impl Correlator {
+    /// Case `id`'s process died with `holders` holding its files: those already SIGKILLed are
+    /// killed with it.
+    pub(super) fn co_victims_at_death(&mut self, id: u64, holders: &[Holder]) {
+        let Some(victim) = self.cases.get(&id).map(|c| c.inc.target.pid) else {
+            return;
+        };
+        let found: Vec<(u32, CoVictim)> = holders
+            .iter()
+            .filter_map(|h| {
+                let case = self.holder_case(h.pid)?;
+                let killed = case.signals.iter().find(|s| kills_with(s, victim, None))?;
+                let dead_ns = h.t_dead_ns.or(case.inc.t_group_dead_ns);
+                Some((
+                    h.pid,
+                    CoVictim {
+                        killed_ns: Some(killed.t_ns),
+                        dead_ns,
+                    },
+                ))
+            })
+            .collect();
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.co_victims.extend(found);
+        }
+    }
+
+    /// `sent` reached `pid`: the dead victims whose files it holds may have it killed with them.
+    pub(super) fn killed_holder(&mut self, pid: u32, sent: &SignalSent) {
+        for id in self.cases.held_by(pid) {
+            let Some(c) = self.cases.get_mut(&id) else {
+                continue;
+            };
+            let victim = c.inc.target.pid;
+            let released = c.kernel_release.map(|k| k.0);
+            if c.holder_gone.get(&pid) == Some(&None) && kills_with(sent, victim, released) {
+                c.co_victims.entry(pid).or_insert(CoVictim {
+                    killed_ns: Some(sent.t_ns),
+                    dead_ns: None,
+                });
+                self.agenda.touch(id);
+            }
+        }
+    }
+
+    /// Holder `pid`'s group died at `t_ns`: the victims it was killed with know when, and
+    /// those it died right after went with it.
+    pub(super) fn co_victim_died(&mut self, pid: u32, t_ns: u64, victims: &[u64]) {
+        for id in victims {
+            let Some(c) = self.cases.get_mut(id) else {
+                continue;
+            };
+            let soon = c
+                .inc
+                .t_group_dead_ns
+                .is_some_and(|d| t_ns <= d.saturating_add(WENT_WITH_NS));
+            match c.co_victims.get_mut(&pid) {
+                Some(v) => {
+                    v.dead_ns.get_or_insert(t_ns);
+                }
+                None if soon && c.holder_gone.get(&pid) == Some(&None) => {
+                    c.co_victims.insert(
+                        pid,
+                        CoVictim {
+                            killed_ns: None,
+                            dead_ns: Some(t_ns),
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Whether case `id`'s report waits for holders of its files that are letting go with
+    /// their own exits (killed with it, or dead before it): each does within milliseconds,
+    /// and the verdict is theirs to give.
+    pub(super) fn awaits_co_victims(&self, id: u64) -> bool {
+        self.cases.get(&id).is_some_and(|c| {
+            c.fd_holders.iter().any(|h| {
+                c.holder_gone.get(&h.pid) == Some(&None)
+                    && (h.t_dead_ns.is_some() || c.co_victims.contains_key(&h.pid))
+            })
+        })
+    }
+
+    /// The live or dead case of holder `pid`.
+    fn holder_case(&self, pid: u32) -> Option<&Case> {
+        match self.cases.of_alive(pid) {
+            Some(id) => self.cases.get(&id),
+            None => self.case_of_dead(pid),
+        }
+    }
+}
+
+/// A holder as the victim's record shows it: one killed with it says when, and when it died.
+pub(super) fn mark_co_victim(h: &mut Holder, c: &Case) {
+    if let Some(v) = c.co_victims.get(&h.pid) {
+        h.t_killed_ns = v.killed_ns;
+        h.t_dead_ns = h.t_dead_ns.or(v.dead_ns);
+    }
+}

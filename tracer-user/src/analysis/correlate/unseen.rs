@@ -1,0 +1,165 @@
+//! References to a dead process's GPU files that no known holder accounts for: counted at its
+//! death, recounted as holders die, and searched for among the processes holding GPU files.
+
+use crate::analysis::{
+    holders::{FileId, HeldFile, Holder, How},
+    references,
+};
+
+use super::Correlator;
+
+impl Correlator {
+    /// The process of case `id` died holding files of `owner`'s, which had references nobody
+    /// known accounted for: its walk's descriptors were some of them.
+    pub(super) fn unseen_holder_died(&mut self, owner: u64, id: u64, ppid: u32, t_ns: u64) {
+        let Some(dead) = self.cases.get(&id) else {
+            return;
+        };
+        let pid = dead.inc.target.pid;
+        let wanted = self
+            .cases
+            .get(&owner)
+            .is_some_and(|c| c.unaccounted.any() && !c.holder_gone.contains_key(&pid));
+        if !wanted {
+            return;
+        }
+        let comm = dead.inc.target.comm.clone();
+        let held: Vec<HeldFile> = dead.inc.gpu.iter().flat_map(|g| g.files.clone()).collect();
+        let Some(c) = self.cases.get_mut(&owner) else {
+            return;
+        };
+        c.unaccounted.found_in(&held);
+        let fds = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
+        c.holder_gone.insert(pid, None);
+        c.fd_holders.push(Holder {
+            pid,
+            comm,
+            ppid,
+            fds,
+            how: How::Seen { t_ns },
+            t_released_ns: None,
+            t_dead_ns: None,
+            t_killed_ns: None,
+        });
+        self.agenda.touch(owner);
+        self.cases.holds_for(pid, owner);
+    }
+
+    /// A searched process's walk is in: it joins the holders of the dead cases whose files it
+    /// holds and whose references were not all accounted for.
+    pub(super) fn searched(&mut self, pid: u32) {
+        let ids: Vec<u64> = self
+            .cases
+            .iter()
+            // A walk lists one descriptor per record: a holder already found grows with them.
+            .filter(|(_, c)| {
+                c.unaccounted.any()
+                    || c.fd_holders
+                        .iter()
+                        .any(|h| h.pid == pid && h.found_by_walk())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(c) = self.cases.get(&id) else {
+                continue;
+            };
+            let target = c.inc.target.pid;
+            let Some(found) = self
+                .holders
+                .holders_of(&c.files, target)
+                .into_iter()
+                .find(|h| h.pid == pid)
+            else {
+                continue;
+            };
+            let held = c
+                .inc
+                .gpu
+                .as_ref()
+                .map(|g| g.files.clone())
+                .unwrap_or_default();
+            let left = references::unaccounted(&held, &self.holders, target);
+            if let Some(c) = self.cases.get_mut(&id) {
+                c.unaccounted.at_most(&left);
+                c.holder_gone.entry(pid).or_insert(None);
+                self.agenda.touch(id);
+                match c.fd_holders.iter_mut().find(|h| h.pid == pid) {
+                    Some(known) => known.fds = found.fds,
+                    None => c.fd_holders.push(found),
+                }
+                self.cases.holds_for(pid, id);
+            }
+        }
+    }
+
+    /// A holder of dead processes' files died (`pid`, its exit walk `walk`, made at
+    /// `walked_ns`): the references
+    /// to those files are counted afresh, without its threads' polls and calls, which ended
+    /// before its last thread walked.
+    pub(super) fn holder_walked(
+        &mut self,
+        cases: &[u64],
+        walk: &[HeldFile],
+        (pid, walked_ns): (u32, u64),
+    ) {
+        for id in cases {
+            let Some(c) = self.cases.get(id) else {
+                continue;
+            };
+            let theirs: Vec<HeldFile> = walk
+                .iter()
+                .filter(|h| h.refcount > 0 && c.files.contains(&h.file))
+                .cloned()
+                .collect();
+            if theirs.is_empty() {
+                continue;
+            }
+            let mut fresh = references::unaccounted(&theirs, &self.holders, pid);
+            if c.kernel_release.is_none_or(|(t, _)| t >= walked_ns) {
+                // The dead process had not closed its own descriptors yet at that walk.
+                if let Some(gpu) = &c.inc.gpu {
+                    fresh.found_in(&gpu.files);
+                }
+            }
+            let counted: Vec<FileId> = theirs.iter().map(|h| h.file).collect();
+            if let Some(c) = self.cases.get_mut(id) {
+                c.unaccounted.recount(&counted, fresh);
+            }
+            self.keep_unseen(*id);
+        }
+    }
+
+    /// Of a dead case's references nobody known accounts for, keeps those on files no holder
+    /// linger knows may be holding: a live one (a poll or a call under way in one of its
+    /// threads holds a reference of its own) or another dead process whose exit has not
+    /// closed them yet. Only those are searched for; the others are counted again when their
+    /// holder dies.
+    pub(super) fn keep_unseen(&mut self, id: u64) {
+        let Some(c) = self.cases.get(&id) else {
+            return;
+        };
+        if !c.unaccounted.any() {
+            return;
+        }
+        // Dying when its walk counted the references: a release that came between the walk
+        // and its group-dead record (from another CPU) had not happened yet.
+        let walked = c.walked_ns;
+        let dying: Vec<FileId> = self
+            .cases
+            .iter()
+            .filter(|(other, o)| {
+                **other != id
+                    && o.inc.t_group_dead_ns.is_some()
+                    && o.kernel_release.is_none_or(|(t, _)| t >= walked)
+            })
+            .flat_map(|(_, o)| o.files.iter().copied())
+            .collect();
+        let holders = &self.holders;
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.unaccounted
+                .retain(|f| !holders.holds_file(f) && !dying.contains(&f));
+            self.search_wanted |= c.unaccounted.any();
+        }
+    }
+}

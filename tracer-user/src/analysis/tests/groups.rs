@@ -1,0 +1,383 @@
+//! Whole groups killed at once, as the field kills them (a process group, a cgroup, a pid
+//! namespace torn down), in the orders an H100's churn showed: one incident per death, the
+//! processes killed together victims rather than holders, and the release the last one's.
+
+use crate::analysis::{correlate::Output, incident::Incident, verdict::VerdictKind};
+use crate::event::{EventData, FdOp};
+
+use super::run::{back, fd, verdict, Run, FILE, GIB, MS, SHELL};
+
+/// SI_KERNEL: the kernel's own signals (a pid namespace's teardown).
+const SI_KERNEL: i32 = 0x80;
+
+/// `parent` forks `child` (a copied descriptor table).
+fn fork(r: &mut Run, parent: u32, child: u32, t_ms: f64) {
+    let data = EventData::Fork {
+        child_pid: child,
+        files_shared: false,
+        comm: "python3".into(),
+    };
+    r.feed(parent, t_ms, data);
+}
+
+/// A SIGKILL to `target`: from `sender`'s user space, or (`kernel`) the kernel's own, sent in
+/// `sender`'s context; `exiting`: the target's group had begun its exit, as the kernel says.
+fn sigkill(r: &mut Run, sender: u32, target: u32, t_ms: f64, kernel: bool, exiting: bool) {
+    let data = EventData::SignalGenerate {
+        sig: 9,
+        code: if kernel { SI_KERNEL } else { 0 },
+        // The kernel drops a signal to a group already exiting.
+        result: i32::from(exiting),
+        group: true,
+        target_exiting: exiting,
+        target_pid: target,
+        target_tid: target,
+        target_threads: 1,
+        sender_threads: 0,
+        sender_comm: if kernel { "python3" } else { "bash" }.into(),
+        target_comm: "python3".into(),
+    };
+    r.feed(sender, t_ms, data);
+}
+
+/// `pid`'s group dies, its exit walk showing FILE with `refcount` references.
+fn die_with(r: &mut Run, pid: u32, refcount: u64, t_ms: f64) {
+    let walk = EventData::GpuFd {
+        op: FdOp::HeldAtExit,
+        fd: 3,
+        dev: 195 << 20,
+        cloexec: false,
+        truncated: false,
+        file: FILE,
+        refcount,
+    };
+    r.feed(pid, t_ms, walk);
+    let exit = EventData::TaskExit {
+        exit_code: 9,
+        group_dead: true,
+        comm: "python3".into(),
+    };
+    r.feed(pid, t_ms, exit);
+}
+
+/// `pid`'s SIGCHLD to `parent` (its zombie), and the parent's reap.
+fn zombie_reaped_by(r: &mut Run, pid: u32, parent: u32, t_ms: f64) {
+    let sigchld = EventData::SignalGenerate {
+        sig: 17,
+        code: 2,
+        result: 0,
+        group: true,
+        target_exiting: false,
+        target_pid: parent,
+        target_tid: parent,
+        target_threads: 1,
+        sender_threads: 1,
+        sender_comm: "python3".into(),
+        target_comm: "bash".into(),
+    };
+    r.feed(pid, t_ms, sigchld);
+    let reap = EventData::Reap {
+        reaped_pid: pid,
+        by_wait: true,
+        comm: "bash".into(),
+    };
+    r.feed(parent, t_ms + 0.05, reap);
+}
+
+/// Every record about `pid` that opened an incident (not its updates).
+fn opened(r: &Run, pid: u32) -> Vec<&Incident> {
+    r.incidents()
+        .into_iter()
+        .filter(|i| i.target.pid == pid && i.record_type == "incident")
+        .collect()
+}
+
+/// No record names a process to kill that was dead (or killed) when it was written, nor says
+/// `shared_fd` without a holder.
+fn assert_no_dead_holder_named(r: &Run, dead: &[u32]) {
+    for inc in r.incidents() {
+        let Some(v) = &inc.verdict else { continue };
+        for pid in dead {
+            assert!(
+                !v.hint.contains(&format!("kill {pid}")),
+                "{} names {pid}, killed with it: {v:?}",
+                inc.target.pid
+            );
+        }
+        if v.kind == VerdictKind::SharedFd {
+            assert!(
+                !inc.holders.is_empty(),
+                "shared_fd without a holder: {inc:?}"
+            );
+        }
+    }
+}
+
+/// A job (10, which allocated 4 GiB) with a child (11) holding its files by fork, both
+/// SIGKILLed by one killpg. The job's group dies first; its exit closes nothing of the memory
+/// (the child holds the files), so it is a zombie at once and reaped while the child still
+/// lives with its kill pending. The child dies 30 ms later and its exit frees the memory.
+fn killpg_job_first(r: &mut Run) {
+    r.holder(10, 0, 0.0);
+    fork(r, 10, 11, 1.0);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(r, SHELL, 10, 100.0, false, false);
+    sigkill(r, SHELL, 11, 100.01, false, false);
+    die_with(r, 10, 2, 100.05);
+    zombie_reaped_by(r, 10, SHELL, 100.2);
+    r.nvml(101.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.tick(120.0);
+    die_with(r, 11, 1, 130.0);
+    r.nvml(161.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.nvml(200.0, 5 * GIB, &[(10, 4 * GIB)]);
+    zombie_reaped_by(r, 11, 10, 231.0);
+    r.nvml(232.0, GIB, &[]);
+    r.tick(400.0);
+}
+
+#[test]
+fn a_child_killed_in_the_same_killpg_is_a_victim_not_a_holder() {
+    let mut r = Run::new();
+    killpg_job_first(&mut r);
+    assert_no_dead_holder_named(&r, &[11]);
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::Released, "{job:?}");
+    // The child's release, read by NVML a millisecond later (no driver calls traced here).
+    let at = |t: Option<u64>, ms: u64| t.is_some_and(|t| (ms * MS..=(ms + 1) * MS).contains(&t));
+    assert!(at(back(job), 231), "{job:?}");
+    assert_eq!(job.holders.len(), 1, "{:?}", job.holders);
+    assert_eq!(job.holders[0].pid, 11);
+    assert_eq!(job.holders[0].t_dead_ns, Some(130 * MS));
+    assert_eq!(opened(&r, 10).len(), 1);
+    let child = r.last_of(11);
+    assert_ne!(verdict(child), VerdictKind::SharedFd, "{child:?}");
+    assert_eq!(back(child), back(job), "{child:?}");
+}
+
+/// A child killed in the group kill that does not die (a thread blocked in the driver): once
+/// the job's report is due, the child is named as a holder killed with it that has not died,
+/// never as one to kill.
+#[test]
+fn a_child_killed_with_the_job_that_does_not_die_is_not_one_to_kill() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(&mut r, SHELL, 10, 100.0, false, false);
+    sigkill(&mut r, SHELL, 11, 100.01, false, false);
+    die_with(&mut r, 10, 2, 100.05);
+    zombie_reaped_by(&mut r, 10, SHELL, 100.2);
+    for t in (0..30).map(|i| 200.0 + 100.0 * f64::from(i)) {
+        r.nvml(t, 5 * GIB, &[(10, 4 * GIB)]);
+    }
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::SharedFd, "{job:?}");
+    assert_eq!(job.holders[0].pid, 11);
+    assert!(job.holders[0].t_killed_ns.is_some(), "{:?}", job.holders);
+    let hint = &job.verdict.as_ref().expect("a verdict").hint;
+    assert!(!hint.contains("kill 11"), "{hint}");
+}
+
+/// A container's main process (pid 1 of its namespace) with a child holding its files,
+/// SIGKILLed from the host. As it exits, the kernel kills what is left in its namespace, in
+/// its context: the child (its last holder) and the dying init itself, whose group is already
+/// dead. One incident for the init, released when the child's exit freed the memory; the
+/// child a victim of the same teardown.
+#[test]
+fn a_pid_namespace_torn_down_is_one_termination() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(&mut r, 1, 10, 100.0, false, false);
+    die_with(&mut r, 10, 2, 100.05);
+    // zap_pid_ns_processes, run by the dying init: its namespace's processes, itself too.
+    sigkill(&mut r, 10, 11, 100.3, true, false);
+    sigkill(&mut r, 10, 10, 100.31, true, true);
+    die_with(&mut r, 11, 1, 100.4);
+    zombie_reaped_by(&mut r, 11, 10, 240.0);
+    r.nvml(241.0, GIB, &[]);
+    zombie_reaped_by(&mut r, 10, 1, 241.0);
+    r.nvml(242.0, GIB, &[]);
+    r.tick(40_000.0);
+    assert_eq!(opened(&r, 10).len(), 1, "{:?}", r.out);
+    assert_no_dead_holder_named(&r, &[11]);
+    let init = r.last_of(10);
+    assert_eq!(verdict(init), VerdictKind::Released, "{init:?}");
+    // Between the child's release and the init's zombie (the kernel's word without hooks).
+    assert!(
+        back(init).is_some_and(|t| (240 * MS..=241 * MS).contains(&t)),
+        "{init:?}"
+    );
+    assert_eq!(init.termination.signals.len(), 2, "the zap's joins it");
+    assert!(r.incidents().iter().all(|i| i
+        .verdict
+        .as_ref()
+        .is_none_or(|v| v.kind != VerdictKind::NotDelivered)));
+}
+
+/// The same teardown recorded before the kernel's word on exiting targets: the zap's signal to
+/// the dead init still joins its death, which is not reaped yet.
+#[test]
+fn a_signal_to_a_dead_unreaped_process_joins_its_death() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(&mut r, 1, 10, 100.0, false, false);
+    die_with(&mut r, 10, 1, 100.05);
+    let mut zap = EventData::SignalGenerate {
+        sig: 9,
+        code: SI_KERNEL,
+        result: 1,
+        group: true,
+        target_exiting: false,
+        target_pid: 10,
+        target_tid: 10,
+        target_threads: 1,
+        sender_threads: 0,
+        sender_comm: "python3".into(),
+        target_comm: "python3".into(),
+    };
+    r.feed(10, 240.0, zap.clone());
+    zombie_reaped_by(&mut r, 10, 1, 240.1);
+    r.nvml(241.0, GIB, &[]);
+    r.tick(40_000.0);
+    assert_eq!(opened(&r, 10).len(), 1, "{:?}", r.out);
+    // A kill of a zombie nobody had a case for opens none.
+    if let EventData::SignalGenerate { target_exiting, .. } = &mut zap {
+        *target_exiting = true;
+    }
+    r.feed(SHELL, 40_001.0, zap);
+    r.tick(80_000.0);
+    assert_eq!(opened(&r, 10).len(), 1, "{:?}", r.out);
+    let notices = r.out.iter().filter(|o| matches!(o, Output::Signal(_)));
+    assert_eq!(notices.count(), 0);
+}
+
+/// A forked child that exits on its own within a millisecond of its parent's kill: its exit
+/// record comes before the parent's, its close of the files after the parent's walk counted
+/// its reference. The reference is the exiting child's, not an unseen holder's: the parent's
+/// memory is back at its own release, and nobody is searched for.
+#[test]
+fn a_child_exiting_as_its_parent_is_killed_holds_nothing_unseen() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(&mut r, SHELL, 10, 100.0, false, false);
+    // The child's own exit (status 0), its walk with both references.
+    r.feed(11, 100.3, fd(FdOp::HeldAtExit, 3, FILE));
+    let exit = EventData::TaskExit {
+        exit_code: 0,
+        group_dead: true,
+        comm: "python3".into(),
+    };
+    r.feed(11, 100.3, exit);
+    die_with(&mut r, 10, 2, 100.4);
+    zombie_reaped_by(&mut r, 11, 10, 100.6);
+    zombie_reaped_by(&mut r, 10, SHELL, 230.0);
+    r.nvml(231.0, GIB, &[]);
+    r.tick(2000.0);
+    assert_no_dead_holder_named(&r, &[11]);
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::Released, "{job:?}");
+    // Its own release, read by NVML a millisecond later.
+    assert!(
+        back(job).is_some_and(|t| (230 * MS..=231 * MS).contains(&t)),
+        "{job:?}"
+    );
+    assert_eq!(job.gpu.as_ref().map(|g| g.unaccounted_references), Some(0));
+}
+
+/// A thread's final switch (its exit over).
+fn exited(r: &mut Run, pid: u32, t_ms: f64) {
+    let data = EventData::TeardownSample {
+        sample: crate::event::SampleKind::Exited,
+        stack_id: -1,
+        owner: pid,
+        tid: pid,
+        blocked_ns: 0,
+    };
+    r.feed(pid, t_ms, data);
+}
+
+/// The children a dying pid namespace's init kills reap themselves (it ignores SIGCHLD): no
+/// zombie, and their free may come an RCU grace period later or not at all while something
+/// holds their task. The child's final switch is its exit's end: the init's memory is back
+/// then.
+#[test]
+fn a_child_nobody_reaps_lets_go_at_its_final_switch() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    sigkill(&mut r, 1, 10, 100.0, false, false);
+    die_with(&mut r, 10, 2, 100.05);
+    sigkill(&mut r, 10, 11, 100.3, true, false);
+    die_with(&mut r, 11, 1, 100.4);
+    exited(&mut r, 11, 100.6);
+    zombie_reaped_by(&mut r, 10, 1, 101.0);
+    r.tick(400.0);
+    let init = r.last_of(10);
+    assert_eq!(verdict(init), VerdictKind::Released, "{init:?}");
+    assert_eq!(
+        back(init),
+        Some(101 * MS),
+        "its own zombie, after the child's exit"
+    );
+    let child = r.last_of(11);
+    let gpu = child.gpu.as_ref().expect("gpu");
+    assert_eq!(gpu.t_files_released_ns, Some((100.6 * MS as f64) as u64));
+    assert_eq!(
+        gpu.files_released_by,
+        Some(crate::analysis::incident::Source::Exited)
+    );
+}
+
+/// Children of a job killed by `cgroup.kill` die one after another; the last one's exit walk
+/// counts a reference of a sibling dead before it, whose release (from another CPU) comes
+/// between that walk and the last one's group-dead record. That reference was the sibling's,
+/// not an unseen holder's.
+#[test]
+fn a_reference_released_between_a_walk_and_its_death_is_no_unseen_holder() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    fork(&mut r, 10, 12, 1.1);
+    for pid in [10, 11, 12] {
+        sigkill(&mut r, SHELL, pid, 100.0, false, false);
+    }
+    die_with(&mut r, 10, 3, 100.1);
+    zombie_reaped_by(&mut r, 10, SHELL, 100.2);
+    die_with(&mut r, 12, 2, 100.3);
+    // 11's walk (2: its own and 12's), then 12's zombie, then 11's group-dead record.
+    let walk = EventData::GpuFd {
+        op: FdOp::HeldAtExit,
+        fd: 3,
+        dev: 195 << 20,
+        cloexec: false,
+        truncated: false,
+        file: FILE,
+        refcount: 2,
+    };
+    r.feed(11, 100.5, walk);
+    zombie_reaped_by(&mut r, 12, 1, 100.55);
+    let exit = EventData::TaskExit {
+        exit_code: 9,
+        group_dead: true,
+        comm: "python3".into(),
+    };
+    r.feed(11, 100.6, exit);
+    zombie_reaped_by(&mut r, 11, 1, 100.8);
+    r.tick(400.0);
+    assert_no_dead_holder_named(&r, &[11, 12]);
+    for pid in [10, 11] {
+        let inc = r.last_of(pid);
+        assert_eq!(
+            inc.gpu.as_ref().map(|g| g.unaccounted_references),
+            Some(0),
+            "{inc:?}"
+        );
+    }
+    assert_eq!(verdict(r.last_of(10)), VerdictKind::Released);
+    assert!(!r.c.take_search_request(), "nobody to search for");
+}
