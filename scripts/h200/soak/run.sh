@@ -5,6 +5,7 @@
 # in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
 # usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
 #        [SMOKE=0] [BESIDE_LEAN=1] [NVML_POLL_MS=2] [GROUPS=1] bash scripts/h200/soak/run.sh
+# UNTIL=S: only the recordings' first S seconds come back (an opening to commit).
 # GROUPS=1: whole groups killed at once too (killpg, cgroup.kill, a pid namespace's init).
 # Exits 1 when a check failed (check.py's own status), after every mode ran.
 # SMOKE=0: no smoke run, for a call's full 10 min. BESIDE_LEAN=1 (with MODES=default): a --lean
@@ -51,11 +52,11 @@ for mode in $MODES; do
   [ -d "$W/lean" ] && tar czf "$OUT/soak-lean.tgz" -C "$W" truth.jsonl lean/metrics.jsonl \
     lean/state/incidents.jsonl lean/agent.err
   if keep "$mode"; then
-    "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls
+    "$T" "$W/soak.trace" "$W/soak.lgr" --drop-unread-controls ${UNTIL:+--until $UNTIL}
     split -b 15m "$W/soak.lgr" "$OUT/soak-$mode.lgr.part-"
   fi
   if [ -d "$W/lean" ] && keep lean; then
-    "$T" "$W/lean/soak.trace" "$W/lean/soak.lgr" --drop-unread-controls
+    "$T" "$W/lean/soak.trace" "$W/lean/soak.lgr" --drop-unread-controls ${UNTIL:+--until $UNTIL}
     split -b 15m "$W/lean/soak.lgr" "$OUT/soak-lean.lgr.part-"
   fi
 done

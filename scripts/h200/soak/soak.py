@@ -281,7 +281,7 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib, kinds):
         cmd = [sys.executable, os.path.join(HERE, "job.py"), "--gib", str(gib)]
         plans, kill_at = children_of(kind, life, rng)
         count += 1
-        group = None
+        preexec, group_kill = None, None
         if kind in dict(GROUP_KINDS):
             plans = ["w"] * rng.randint(1, 3)
             kill_at = [None] * len(plans)
@@ -297,8 +297,6 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib, kinds):
         # A fifth of the jobs other than IPC exporters allocate through CuPy's pool.
         if kind != "ipc" and rng.random() < 0.2:
             cmd += ["--cupy"]
-        else:
-            preexec, group_kill = None, None
         t_start = boot_ns()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=preexec)
         line = proc.stdout.readline()
