@@ -9,6 +9,11 @@
                 only after the workers are gone and the memory is back.
 - fork-after:   the victim killed first, its workers left alive; the gate with --timeout 2s must
                 exit 1 and name them.
+- pod-group:    a pod deleted as the kubelet does it: the same victim with 2 workers in a
+                kubepods-style cgroup, `linger agent` running, the gate waiting with --pod; the
+                whole cgroup killed at once (cgroup.kill). The gate must exit 0, not before the
+                poll saw the memory back, and any incident it cites must not be `shared_fd`
+                naming a worker killed with the victim (issue 57).
 
 Every case's record (times CLOCK_BOOTTIME ns, the gate's JSON answer) goes to OUT/gate.json.
 
@@ -151,6 +156,67 @@ def fork_after(linger, state, poll, idle):
             "ok": g["rc"] == 1 and all(k in named for k in kids)}
 
 
+def pod_group(linger, state, poll, idle):
+    uid = "0d1e2f3a-5757-4757-8757-445566778899"
+    cg = ("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/"
+          f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-57.scope")
+    try:
+        os.makedirs(cg, exist_ok=True)
+    except OSError as e:
+        return {"skipped": f"no writable cgroup v2 hierarchy: {e}", "ok": True}
+    if not os.path.exists(os.path.join(cg, "cgroup.kill")):
+        return {"skipped": "no cgroup.kill", "ok": True}
+    agent_state = tempfile.mkdtemp(prefix="gate-agent-")
+    err = open(os.path.join(agent_state, "agent.err"), "w")
+    agent = subprocess.Popen([linger, "agent", "--state-dir", agent_state, "--metrics-listen",
+                              "127.0.0.1:9479"], stdout=subprocess.DEVNULL, stderr=err)
+    while "tracing" not in open(os.path.join(agent_state, "agent.err")).read():
+        time.sleep(0.05)
+
+    def join():
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+    proc = subprocess.Popen([sys.executable, VICTIM, "--gib", "8", "--fork", "2"],
+                            stdout=subprocess.PIPE, text=True, preexec_fn=join)
+    line = ""
+    while not line.startswith("READY"):
+        line = proc.stdout.readline()
+    info = json.loads(line.split(" ", 1)[1])
+    kids = info["children"]
+    gate = Gate(linger, agent_state, "--pod", uid, "--timeout", "30s")
+    time.sleep(0.5)
+    t_kill = boot_ns()
+    with open(os.path.join(cg, "cgroup.kill"), "w") as f:
+        f.write("1")
+    reaped = {p: reap(p) for p in [proc.pid] + kids}
+    back = poll.back_to(t_kill, idle + IDLE_SLACK)
+    g = gate.result()
+    time.sleep(1)
+    agent.send_signal(signal.SIGINT)
+    agent.wait()
+    incidents = [json.loads(l) for l in open(os.path.join(agent_state, "incidents.jsonl"))]
+    cited = [d.get("incident") for d in g["answer"].get("dead", []) if d.get("incident")]
+    wrong = [c for c in cited if c.get("verdict") == "shared_fd"
+             and any(h.get("pid") in kids for h in c.get("holders", []))]
+    last = {}
+    for i in incidents:
+        last[i["id"]] = i
+    victim = [i for i in last.values() if i["target"]["pid"] == proc.pid]
+    try:
+        os.rmdir(cg)
+    except OSError:
+        pass
+    return {"pid": proc.pid, "workers": kids, "t_kill_ns": t_kill, "t_reaped_ns": reaped,
+            "t_back_ns": back, "gate": g, "gate_exit_after_back_ms": ms(g["t_exit_ns"], back),
+            "victim_incidents": [{"verdict": (i.get("verdict") or {}).get("kind"),
+                                  "hint": (i.get("verdict") or {}).get("hint"),
+                                  "holders": i.get("holders")} for i in victim],
+            "cited_wrong": wrong,
+            "ok": g["rc"] == 0 and back is not None and g["t_exit_ns"] >= back and not wrong
+            and len(victim) == 1 and (victim[0].get("verdict") or {}).get("kind") == "released"}
+
+
 def main():
     linger, out = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
@@ -162,7 +228,8 @@ def main():
     cases = [("plain-after", lambda: plain(linger, state, poll, idle, before=False)),
              ("plain-before", lambda: plain(linger, state, poll, idle, before=True)),
              ("fork-workers", lambda: fork_workers(linger, state, poll, idle)),
-             ("fork-after", lambda: fork_after(linger, state, poll, idle))]
+             ("fork-after", lambda: fork_after(linger, state, poll, idle)),
+             ("pod-group", lambda: pod_group(linger, state, poll, idle))]
     for name, case in cases:
         for r in range(rounds if name.startswith("plain") else 1):
             t0 = time.monotonic()

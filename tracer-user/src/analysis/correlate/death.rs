@@ -13,7 +13,7 @@ use crate::analysis::{
 };
 use crate::event::Event;
 
-use super::{Case, Correlator};
+use super::{group, Case, Correlator};
 
 impl Correlator {
     fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
@@ -35,7 +35,6 @@ impl Correlator {
             ledger_parts: Vec::new(),
             holder_gone: BTreeMap::new(),
             co_victims: BTreeMap::new(),
-            walked_ns: t_ns,
             parent: None,
             importer_names: BTreeMap::new(),
             unaccounted: Unseen::default(),
@@ -163,7 +162,7 @@ impl Correlator {
                 }
             }
             let oom = self.oom_marked.remove(&pid).is_some();
-            let fd_holders = self.holders_at_death(id, pid, &files, walked_ns);
+            let fd_holders = self.holders_at_death(id, pid, &files);
             let role = self.role_at_death(id, pid, &files, &fd_holders);
             let owner = match role {
                 Role::AliasOf(o) => self
@@ -213,7 +212,7 @@ impl Correlator {
                     c.inc.gpu.get_or_insert_with(Default::default);
                 }
             }
-            self.keep_unseen(id);
+            self.keep_unseen(id, walked_ns);
             let others: Vec<u32> = self
                 .cases
                 .get(&id)
@@ -265,18 +264,9 @@ impl Correlator {
         }
     }
 
-    /// Who else held case `id`'s `files` when `pid`'s exit walk counted their references at
-    /// `walked_ns`: the live holders, those dying before it, and which were killed with it.
-    fn holders_at_death(
-        &mut self,
-        id: u64,
-        pid: u32,
-        files: &[FileId],
-        walked_ns: u64,
-    ) -> Vec<Holder> {
-        if let Some(c) = self.cases.get_mut(&id) {
-            c.walked_ns = walked_ns;
-        }
+    /// Who else held case `id`'s `files` when `pid` died: the live holders, those dying before
+    /// it, and which were killed with it.
+    fn holders_at_death(&mut self, id: u64, pid: u32, files: &[FileId]) -> Vec<Holder> {
         let mut fd_holders = self.holders.holders_of(files, pid);
         fd_holders.extend(self.dying_holders(id, files));
         self.co_victims_at_death(id, &fd_holders);
@@ -494,11 +484,14 @@ impl Correlator {
                 {
                     continue;
                 }
-                // A holder that died let go with its own release; one that closed, now.
+                // A holder that died let go with its own release (or, killed in its pid
+                // namespace's teardown, by the end of the init's exit, which waits for it);
+                // one that closed, now.
                 let t = match self.case_of_dead(holder) {
-                    Some(hc) => match hc.kernel_release {
-                        Some((t, _)) => t,
-                        None => continue,
+                    Some(hc) => match (hc.kernel_release, group::released_in_teardown(c, holder)) {
+                        (Some((t, _)), _) => t,
+                        (None, Some(t)) => t,
+                        (None, None) => continue,
                     },
                     None => now,
                 };

@@ -20,6 +20,9 @@ pub(super) struct CoVictim {
     pub killed_ns: Option<u64>,
     /// When its group died, once it has.
     pub dead_ns: Option<u64>,
+    /// Killed by the kernel as the victim, its pid namespace's init, exited: the namespace's
+    /// teardown waits for its release before the init's exit goes on.
+    pub in_teardown: bool,
 }
 
 /// A holder whose group dies this soon after the victim's, of its own, went with it: its exit
@@ -32,8 +35,24 @@ const WENT_WITH_NS: u64 = 50_000_000;
 fn kills_with(sent: &SignalSent, victim: u32, released_ns: Option<u64>) -> bool {
     sent.sig == SIGKILL
         && !sent.discarded
-        && (released_ns.is_none_or(|t| sent.t_ns <= t)
-            || (sent.origin == Origin::Kernel && sent.sender.context_pid == Some(victim)))
+        && (released_ns.is_none_or(|t| sent.t_ns <= t) || in_teardown_of(sent, victim))
+}
+
+/// Whether `sent` is the kernel's kill of what is left of `victim`'s pid namespace as the
+/// victim, its init, exits (zap_pid_ns_processes, run in its context).
+fn in_teardown_of(sent: &SignalSent, victim: u32) -> bool {
+    sent.origin == Origin::Kernel && sent.sender.context_pid == Some(victim)
+}
+
+/// When holder `pid` of victim `c`'s files, killed in its pid namespace's teardown, had let go
+/// at the latest: the init's zombie transition, which its exit reaches only once every process
+/// of the namespace is released (before their final switches and frees, which can come tens of
+/// ms later).
+pub(super) fn released_in_teardown(c: &Case, pid: u32) -> Option<u64> {
+    c.co_victims
+        .get(&pid)
+        .filter(|v| v.in_teardown)
+        .and(c.inc.t_zombie_ns)
 }
 
 impl Correlator {
@@ -54,6 +73,7 @@ impl Correlator {
                     CoVictim {
                         killed_ns: Some(killed.t_ns),
                         dead_ns,
+                        in_teardown: in_teardown_of(killed, victim),
                     },
                 ))
             })
@@ -75,6 +95,7 @@ impl Correlator {
                 c.co_victims.entry(pid).or_insert(CoVictim {
                     killed_ns: Some(sent.t_ns),
                     dead_ns: None,
+                    in_teardown: in_teardown_of(sent, victim),
                 });
                 self.agenda.touch(id);
             }
@@ -102,6 +123,7 @@ impl Correlator {
                         CoVictim {
                             killed_ns: None,
                             dead_ns: Some(t_ns),
+                            in_teardown: false,
                         },
                     );
                 }

@@ -143,8 +143,6 @@ pub(in crate::analysis) struct Case {
     pub holder_gone: BTreeMap<u32, Option<u64>>,
     /// The process its SIGCHLD went to, and its comm: the one that reaps it.
     parent: Option<(u32, String)>,
-    /// When its exit walk counted its files' references.
-    walked_ns: u64,
     /// Holders of its files killed with it (`group.rs`).
     co_victims: BTreeMap<u32, group::CoVictim>,
     /// Importers of its memory: comm and parent, as known when the import was found.

@@ -126,25 +126,25 @@ impl Correlator {
             if let Some(c) = self.cases.get_mut(id) {
                 c.unaccounted.recount(&counted, fresh);
             }
-            self.keep_unseen(*id);
+            self.keep_unseen(*id, walked_ns);
         }
     }
 
     /// Of a dead case's references nobody known accounts for, keeps those on files no holder
     /// linger knows may be holding: a live one (a poll or a call under way in one of its
     /// threads holds a reference of its own) or another dead process whose exit has not
-    /// closed them yet. Only those are searched for; the others are counted again when their
-    /// holder dies.
-    pub(super) fn keep_unseen(&mut self, id: u64) {
+    /// closed them yet, when the walk that counted them (at `walked`: the death's own, or a
+    /// holder's that recounted them) ran. Only those are searched for; the others are counted
+    /// again when their holder dies.
+    pub(super) fn keep_unseen(&mut self, id: u64, walked: u64) {
         let Some(c) = self.cases.get(&id) else {
             return;
         };
         if !c.unaccounted.any() {
             return;
         }
-        // Dying when its walk counted the references: a release that came between the walk
-        // and its group-dead record (from another CPU) had not happened yet.
-        let walked = c.walked_ns;
+        // Dying when the walk (at `walked`) counted the references: a release that came
+        // between that walk and its group-dead record (from another CPU) had not happened yet.
         let dying: Vec<FileId> = self
             .cases
             .iter()

@@ -381,3 +381,77 @@ fn a_reference_released_between_a_walk_and_its_death_is_no_unseen_holder() {
     assert_eq!(verdict(r.last_of(10)), VerdictKind::Released);
     assert!(!r.c.take_search_request(), "nobody to search for");
 }
+
+/// A killpg of a job and two children, as the VM's 6.12 guest recorded it: each exit walk
+/// comes well before its group-dead record, the last child's walk (3 references) before its
+/// sibling's release and the job's death. Recounted at the last child's death, the references
+/// are those of the sibling and the job, both still holding at that walk: none unseen.
+#[test]
+fn a_recount_at_a_holder_s_death_is_of_its_walk_s_moment() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    fork(&mut r, 10, 12, 1.1);
+    for pid in [12, 11, 10] {
+        sigkill(&mut r, SHELL, pid, 100.0, false, false);
+    }
+    let walk = |refcount| EventData::GpuFd {
+        op: FdOp::HeldAtExit,
+        fd: 3,
+        dev: 195 << 20,
+        cloexec: false,
+        truncated: false,
+        file: FILE,
+        refcount,
+    };
+    let exit = || EventData::TaskExit {
+        exit_code: 9,
+        group_dead: true,
+        comm: "python3".into(),
+    };
+    r.feed(12, 101.0, walk(3));
+    r.feed(11, 101.1, walk(3));
+    r.feed(11, 101.2, exit());
+    zombie_reaped_by(&mut r, 11, 10, 101.3);
+    r.feed(10, 101.4, walk(2));
+    r.feed(10, 101.45, exit());
+    r.feed(12, 101.5, exit());
+    zombie_reaped_by(&mut r, 10, SHELL, 110.0);
+    zombie_reaped_by(&mut r, 12, 1, 300.0);
+    r.tick(600.0);
+    assert_no_dead_holder_named(&r, &[11, 12]);
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::Released, "{job:?}");
+    assert_eq!(job.gpu.as_ref().map(|g| g.unaccounted_references), Some(0));
+    assert_eq!(back(job), Some(300 * MS));
+    assert!(!r.c.take_search_request(), "nobody to search for");
+}
+
+/// The teardown of a pid namespace waits for every process of it to be released before its
+/// init's exit goes on: the init's zombie bounds its children's releases, whose final
+/// switches can come tens of ms later (30 ms on the VM's 6.12 guest under emulation).
+#[test]
+fn a_namespace_s_init_s_zombie_bounds_its_killed_children_s_release() {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    fork(&mut r, 10, 11, 1.0);
+    sigkill(&mut r, 1, 10, 100.0, false, false);
+    die_with(&mut r, 10, 2, 100.05);
+    sigkill(&mut r, 10, 11, 100.3, true, false);
+    die_with(&mut r, 11, 1, 100.4);
+    zombie_reaped_by(&mut r, 10, 1, 150.0);
+    exited(&mut r, 11, 180.0);
+    r.feed(
+        0,
+        200.0,
+        EventData::Reap {
+            reaped_pid: 11,
+            by_wait: false,
+            comm: "swapper/0".into(),
+        },
+    );
+    r.tick(400.0);
+    let init = r.last_of(10);
+    assert_eq!(verdict(init), VerdictKind::Released, "{init:?}");
+    assert_eq!(back(init), Some(150 * MS), "{init:?}");
+}
