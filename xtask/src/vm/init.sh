@@ -255,7 +255,7 @@ for t in /standin-test-*; do
         [ $strategy = locked ] && args="--driver-hooks off"
         LINGER_BIN=/linger LINGER_GROUP_JOB=/linger-group-job LINGER_TEST_GPU_DEVICE=/tmp/nvidia0 \
             LINGER_TEST_STANDIN_LOG=1 LINGER_TEST_LIVE_ARGS="$args" LINGER_GROUP_CHURN_S=$churn \
-            $t --test-threads=1 > /tmp/test.out 2>&1
+            $t --test-threads=1 --nocapture > /tmp/test.out 2>&1
         say test-$name-$strategy-exit $?
         tagged test-$name-$strategy-err /tmp/test.out
     done

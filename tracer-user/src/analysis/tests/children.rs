@@ -6,36 +6,6 @@ use crate::event::{EventData, FdOp};
 
 use super::run::{back, fd, verdict, Run, FILE, GIB, MS, SHELL};
 
-/// `parent` forks `child` at `t_ms` (a copied descriptor table).
-fn fork(r: &mut Run, parent: u32, child: u32, t_ms: f64) {
-    let data = EventData::Fork {
-        child_pid: child,
-        files_shared: false,
-        comm: "python3".into(),
-    };
-    r.feed(parent, t_ms, data);
-}
-
-/// `pid`'s group dies, its exit walk showing FILE with `refcount` references.
-fn die_with(r: &mut Run, pid: u32, refcount: u64, t_ms: f64, exit_code: u32) {
-    let walk = EventData::GpuFd {
-        op: FdOp::HeldAtExit,
-        fd: 3,
-        dev: 195 << 20,
-        cloexec: false,
-        truncated: false,
-        file: FILE,
-        refcount,
-    };
-    r.feed(pid, t_ms, walk);
-    let exit = EventData::TaskExit {
-        exit_code,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed(pid, t_ms, exit);
-}
-
 /// A child SIGKILLed while its parent, which allocated the memory, lives: its walk counts one
 /// reference more than the two tables hold (a poll under way in one of the parent's threads).
 /// Its incident names the parent, claims nothing of its own, searches for nobody, and settles
@@ -44,10 +14,10 @@ fn die_with(r: &mut Run, pid: u32, refcount: u64, t_ms: f64, exit_code: u32) {
 fn a_child_killed_before_its_parent_names_it_and_settles_with_its_memory() {
     let mut r = Run::new();
     r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    r.fork(10, 11, 1.0);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     r.kill(SHELL, 11, 9, 500.0);
-    die_with(&mut r, 11, 3, 500.1, 9);
+    r.die_with(11, 3, 500.1, 9);
     r.zombie_and_reap(11, 500.3);
     r.nvml(501.0, 5 * GIB, &[(10, 4 * GIB)]);
     r.tick(600.0);
@@ -65,7 +35,7 @@ fn a_child_killed_before_its_parent_names_it_and_settles_with_its_memory() {
     assert!(!child.settled && back(&child).is_none());
     assert!(!r.c.take_search_request(), "nobody to search for");
     r.kill(SHELL, 10, 9, 2000.0);
-    die_with(&mut r, 10, 1, 2000.1, 9);
+    r.die_with(10, 1, 2000.1, 9);
     r.nvml(2100.0, GIB, &[]);
     r.zombie_and_reap(10, 2100.5);
     r.nvml(2101.0, GIB, &[]);
@@ -85,7 +55,7 @@ fn a_child_killed_before_its_parent_names_it_and_settles_with_its_memory() {
 fn a_snapshot_of_a_known_holder_keeps_its_files() {
     let mut r = Run::new();
     r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    r.fork(10, 11, 1.0);
     for holder in [10, 11] {
         let snapshot = EventData::SnapshotFd {
             holder,
@@ -97,7 +67,7 @@ fn a_snapshot_of_a_known_holder_keeps_its_files() {
         r.feed(0, 2.0, snapshot);
     }
     r.kill(SHELL, 11, 9, 500.0);
-    die_with(&mut r, 11, 2, 500.1, 9);
+    r.die_with(11, 2, 500.1, 9);
     r.zombie_and_reap(11, 500.3);
     r.tick(600.0);
     let child = r.last_of(11);
@@ -171,11 +141,11 @@ fn sigchld_with(sender_threads: u32) -> EventData {
 fn a_child_killed_beside_its_parent_holds_its_files_until_its_own_exit() {
     let mut r = Run::new();
     r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    r.fork(10, 11, 1.0);
     r.kill(SHELL, 10, 9, 100.0);
     r.kill(SHELL, 11, 9, 100.01);
-    die_with(&mut r, 11, 2, 100.05, 9);
-    die_with(&mut r, 10, 2, 100.08, 9);
+    r.die_with(11, 2, 100.05, 9);
+    r.die_with(10, 2, 100.08, 9);
     r.kill(10, SHELL, 17, 100.15);
     r.feed(SHELL, 100.2, reap(10));
     r.kill(11, SHELL, 17, 164.0);

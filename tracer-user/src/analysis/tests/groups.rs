@@ -3,22 +3,12 @@
 //! processes killed together victims rather than holders, and the release the last one's.
 
 use crate::analysis::{correlate::Output, incident::Incident, verdict::VerdictKind};
-use crate::event::{EventData, FdOp};
+use crate::event::EventData;
 
-use super::run::{back, fd, verdict, Run, FILE, GIB, MS, SHELL};
+use super::run::{back, verdict, Run, GIB, MS, SHELL};
 
 /// SI_KERNEL: the kernel's own signals (a pid namespace's teardown).
 const SI_KERNEL: i32 = 0x80;
-
-/// `parent` forks `child` (a copied descriptor table).
-fn fork(r: &mut Run, parent: u32, child: u32, t_ms: f64) {
-    let data = EventData::Fork {
-        child_pid: child,
-        files_shared: false,
-        comm: "python3".into(),
-    };
-    r.feed(parent, t_ms, data);
-}
 
 /// A SIGKILL to `target`: from `sender`'s user space, or (`kernel`) the kernel's own, sent in
 /// `sender`'s context; `exiting`: the target's group had begun its exit, as the kernel says.
@@ -38,26 +28,6 @@ fn sigkill(r: &mut Run, sender: u32, target: u32, t_ms: f64, kernel: bool, exiti
         target_comm: "python3".into(),
     };
     r.feed(sender, t_ms, data);
-}
-
-/// `pid`'s group dies, its exit walk showing FILE with `refcount` references.
-fn die_with(r: &mut Run, pid: u32, refcount: u64, t_ms: f64) {
-    let walk = EventData::GpuFd {
-        op: FdOp::HeldAtExit,
-        fd: 3,
-        dev: 195 << 20,
-        cloexec: false,
-        truncated: false,
-        file: FILE,
-        refcount,
-    };
-    r.feed(pid, t_ms, walk);
-    let exit = EventData::TaskExit {
-        exit_code: 9,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed(pid, t_ms, exit);
 }
 
 /// `pid`'s SIGCHLD to `parent` (its zombie), and the parent's reap.
@@ -82,6 +52,16 @@ fn zombie_reaped_by(r: &mut Run, pid: u32, parent: u32, t_ms: f64) {
         comm: "bash".into(),
     };
     r.feed(parent, t_ms + 0.05, reap);
+}
+
+/// A job (10, a holder of FILE) and its forked `children`, each keeping its files.
+fn job_with(children: &[u32]) -> Run {
+    let mut r = Run::new();
+    r.holder(10, 0, 0.0);
+    for (i, child) in children.iter().enumerate() {
+        r.fork(10, *child, 1.0 + i as f64 / 10.0);
+    }
+    r
 }
 
 /// Every record about `pid` that opened an incident (not its updates).
@@ -118,16 +98,14 @@ fn assert_no_dead_holder_named(r: &Run, dead: &[u32]) {
 /// (the child holds the files), so it is a zombie at once and reaped while the child still
 /// lives with its kill pending. The child dies 30 ms later and its exit frees the memory.
 fn killpg_job_first(r: &mut Run) {
-    r.holder(10, 0, 0.0);
-    fork(r, 10, 11, 1.0);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     sigkill(r, SHELL, 10, 100.0, false, false);
     sigkill(r, SHELL, 11, 100.01, false, false);
-    die_with(r, 10, 2, 100.05);
+    r.die_with(10, 2, 100.05, 9);
     zombie_reaped_by(r, 10, SHELL, 100.2);
     r.nvml(101.0, 5 * GIB, &[(10, 4 * GIB)]);
     r.tick(120.0);
-    die_with(r, 11, 1, 130.0);
+    r.die_with(11, 1, 130.0, 9);
     r.nvml(161.0, 5 * GIB, &[(10, 4 * GIB)]);
     r.nvml(200.0, 5 * GIB, &[(10, 4 * GIB)]);
     zombie_reaped_by(r, 11, 10, 231.0);
@@ -137,7 +115,7 @@ fn killpg_job_first(r: &mut Run) {
 
 #[test]
 fn a_child_killed_in_the_same_killpg_is_a_victim_not_a_holder() {
-    let mut r = Run::new();
+    let mut r = job_with(&[11]);
     killpg_job_first(&mut r);
     assert_no_dead_holder_named(&r, &[11]);
     let job = r.last_of(10);
@@ -159,13 +137,11 @@ fn a_child_killed_in_the_same_killpg_is_a_victim_not_a_holder() {
 /// never as one to kill.
 #[test]
 fn a_child_killed_with_the_job_that_does_not_die_is_not_one_to_kill() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    let mut r = job_with(&[11]);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     sigkill(&mut r, SHELL, 10, 100.0, false, false);
     sigkill(&mut r, SHELL, 11, 100.01, false, false);
-    die_with(&mut r, 10, 2, 100.05);
+    r.die_with(10, 2, 100.05, 9);
     zombie_reaped_by(&mut r, 10, SHELL, 100.2);
     for t in (0..30).map(|i| 200.0 + 100.0 * f64::from(i)) {
         r.nvml(t, 5 * GIB, &[(10, 4 * GIB)]);
@@ -185,16 +161,14 @@ fn a_child_killed_with_the_job_that_does_not_die_is_not_one_to_kill() {
 /// child a victim of the same teardown.
 #[test]
 fn a_pid_namespace_torn_down_is_one_termination() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    let mut r = job_with(&[11]);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     sigkill(&mut r, 1, 10, 100.0, false, false);
-    die_with(&mut r, 10, 2, 100.05);
+    r.die_with(10, 2, 100.05, 9);
     // zap_pid_ns_processes, run by the dying init: its namespace's processes, itself too.
     sigkill(&mut r, 10, 11, 100.3, true, false);
     sigkill(&mut r, 10, 10, 100.31, true, true);
-    die_with(&mut r, 11, 1, 100.4);
+    r.die_with(11, 1, 100.4, 9);
     zombie_reaped_by(&mut r, 11, 10, 240.0);
     r.nvml(241.0, GIB, &[]);
     zombie_reaped_by(&mut r, 10, 1, 241.0);
@@ -224,7 +198,7 @@ fn a_signal_to_a_dead_unreaped_process_joins_its_death() {
     r.holder(10, 0, 0.0);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     sigkill(&mut r, 1, 10, 100.0, false, false);
-    die_with(&mut r, 10, 1, 100.05);
+    r.die_with(10, 1, 100.05, 9);
     let mut zap = EventData::SignalGenerate {
         sig: 9,
         code: SI_KERNEL,
@@ -260,20 +234,12 @@ fn a_signal_to_a_dead_unreaped_process_joins_its_death() {
 /// memory is back at its own release, and nobody is searched for.
 #[test]
 fn a_child_exiting_as_its_parent_is_killed_holds_nothing_unseen() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    let mut r = job_with(&[11]);
     r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
     sigkill(&mut r, SHELL, 10, 100.0, false, false);
-    // The child's own exit (status 0), its walk with both references.
-    r.feed(11, 100.3, fd(FdOp::HeldAtExit, 3, FILE));
-    let exit = EventData::TaskExit {
-        exit_code: 0,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed(11, 100.3, exit);
-    die_with(&mut r, 10, 2, 100.4);
+    // The child's own exit (status 0): its walk sees its own reference.
+    r.die_with(11, 1, 100.3, 0);
+    r.die_with(10, 2, 100.4, 9);
     zombie_reaped_by(&mut r, 11, 10, 100.6);
     zombie_reaped_by(&mut r, 10, SHELL, 230.0);
     r.nvml(231.0, GIB, &[]);
@@ -307,13 +273,11 @@ fn exited(r: &mut Run, pid: u32, t_ms: f64) {
 /// then.
 #[test]
 fn a_child_nobody_reaps_lets_go_at_its_final_switch() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    let mut r = job_with(&[11]);
     sigkill(&mut r, 1, 10, 100.0, false, false);
-    die_with(&mut r, 10, 2, 100.05);
+    r.die_with(10, 2, 100.05, 9);
     sigkill(&mut r, 10, 11, 100.3, true, false);
-    die_with(&mut r, 11, 1, 100.4);
+    r.die_with(11, 1, 100.4, 9);
     exited(&mut r, 11, 100.6);
     zombie_reaped_by(&mut r, 10, 1, 101.0);
     r.tick(400.0);
@@ -339,34 +303,17 @@ fn a_child_nobody_reaps_lets_go_at_its_final_switch() {
 /// not an unseen holder's.
 #[test]
 fn a_reference_released_between_a_walk_and_its_death_is_no_unseen_holder() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
-    fork(&mut r, 10, 12, 1.1);
+    let mut r = job_with(&[11, 12]);
     for pid in [10, 11, 12] {
         sigkill(&mut r, SHELL, pid, 100.0, false, false);
     }
-    die_with(&mut r, 10, 3, 100.1);
+    r.die_with(10, 3, 100.1, 9);
     zombie_reaped_by(&mut r, 10, SHELL, 100.2);
-    die_with(&mut r, 12, 2, 100.3);
+    r.die_with(12, 2, 100.3, 9);
     // 11's walk (2: its own and 12's), then 12's zombie, then 11's group-dead record.
-    let walk = EventData::GpuFd {
-        op: FdOp::HeldAtExit,
-        fd: 3,
-        dev: 195 << 20,
-        cloexec: false,
-        truncated: false,
-        file: FILE,
-        refcount: 2,
-    };
-    r.feed(11, 100.5, walk);
+    r.walk(11, 2, 100.5);
     zombie_reaped_by(&mut r, 12, 1, 100.55);
-    let exit = EventData::TaskExit {
-        exit_code: 9,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed(11, 100.6, exit);
+    r.group_dead(11, 100.6, 9);
     zombie_reaped_by(&mut r, 11, 1, 100.8);
     r.tick(400.0);
     assert_no_dead_holder_named(&r, &[11, 12]);
@@ -388,34 +335,17 @@ fn a_reference_released_between_a_walk_and_its_death_is_no_unseen_holder() {
 /// are those of the sibling and the job, both still holding at that walk: none unseen.
 #[test]
 fn a_recount_at_a_holder_s_death_is_of_its_walk_s_moment() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
-    fork(&mut r, 10, 12, 1.1);
+    let mut r = job_with(&[11, 12]);
     for pid in [12, 11, 10] {
         sigkill(&mut r, SHELL, pid, 100.0, false, false);
     }
-    let walk = |refcount| EventData::GpuFd {
-        op: FdOp::HeldAtExit,
-        fd: 3,
-        dev: 195 << 20,
-        cloexec: false,
-        truncated: false,
-        file: FILE,
-        refcount,
-    };
-    let exit = || EventData::TaskExit {
-        exit_code: 9,
-        group_dead: true,
-        comm: "python3".into(),
-    };
-    r.feed(12, 101.0, walk(3));
-    r.feed(11, 101.1, walk(3));
-    r.feed(11, 101.2, exit());
+    r.walk(12, 3, 101.0);
+    r.walk(11, 3, 101.1);
+    r.group_dead(11, 101.2, 9);
     zombie_reaped_by(&mut r, 11, 10, 101.3);
-    r.feed(10, 101.4, walk(2));
-    r.feed(10, 101.45, exit());
-    r.feed(12, 101.5, exit());
+    r.walk(10, 2, 101.4);
+    r.group_dead(10, 101.45, 9);
+    r.group_dead(12, 101.5, 9);
     zombie_reaped_by(&mut r, 10, SHELL, 110.0);
     zombie_reaped_by(&mut r, 12, 1, 300.0);
     r.tick(600.0);
@@ -432,13 +362,11 @@ fn a_recount_at_a_holder_s_death_is_of_its_walk_s_moment() {
 /// switches can come tens of ms later (30 ms on the VM's 6.12 guest under emulation).
 #[test]
 fn a_namespace_s_init_s_zombie_bounds_its_killed_children_s_release() {
-    let mut r = Run::new();
-    r.holder(10, 0, 0.0);
-    fork(&mut r, 10, 11, 1.0);
+    let mut r = job_with(&[11]);
     sigkill(&mut r, 1, 10, 100.0, false, false);
-    die_with(&mut r, 10, 2, 100.05);
+    r.die_with(10, 2, 100.05, 9);
     sigkill(&mut r, 10, 11, 100.3, true, false);
-    die_with(&mut r, 11, 1, 100.4);
+    r.die_with(11, 1, 100.4, 9);
     zombie_reaped_by(&mut r, 10, 1, 150.0);
     exited(&mut r, 11, 180.0);
     r.feed(

@@ -108,6 +108,46 @@ impl Run {
         );
     }
 
+    /// `parent` forks `child` at `t_ms` (a copied descriptor table).
+    pub(super) fn fork(&mut self, parent: u32, child: u32, t_ms: f64) {
+        let data = EventData::Fork {
+            child_pid: child,
+            files_shared: false,
+            comm: "python3".into(),
+        };
+        self.feed(parent, t_ms, data);
+    }
+
+    /// `pid`'s exit walk: FILE with `refcount` references.
+    pub(super) fn walk(&mut self, pid: u32, refcount: u64, t_ms: f64) {
+        let walk = EventData::GpuFd {
+            op: FdOp::HeldAtExit,
+            fd: 3,
+            dev: 195 << 20,
+            cloexec: false,
+            truncated: false,
+            file: FILE,
+            refcount,
+        };
+        self.feed(pid, t_ms, walk);
+    }
+
+    /// `pid`'s group-dead record.
+    pub(super) fn group_dead(&mut self, pid: u32, t_ms: f64, exit_code: u32) {
+        let exit = EventData::TaskExit {
+            exit_code,
+            group_dead: true,
+            comm: "python3".into(),
+        };
+        self.feed(pid, t_ms, exit);
+    }
+
+    /// `pid`'s group dies, its exit walk showing FILE with `refcount` references.
+    pub(super) fn die_with(&mut self, pid: u32, refcount: u64, t_ms: f64, exit_code: u32) {
+        self.walk(pid, refcount, t_ms);
+        self.group_dead(pid, t_ms, exit_code);
+    }
+
     /// SIGCHLD to the parent (zombie), then the parent's reap.
     pub(super) fn zombie_and_reap(&mut self, pid: u32, t_ms: f64) {
         self.kill(pid, SHELL, 17, t_ms);
