@@ -4,9 +4,9 @@
 # agent's incident log and stderr) and the recording without the driver controls no rule reads,
 # in parts of at most 15 MiB (soak-MODE.lgr.part-aa, ...: `cat` them back together).
 # usage: L=linger T=linger-trace-trim [MODES="default lean"] [DURATION=420] [WORKERS=16] [RATE=6] \
-#        [SMOKE=0] [BESIDE_LEAN=1] [NVML_POLL_MS=2] [GROUPS=1] bash scripts/h200/soak/run.sh
+#        [SMOKE=0] [BESIDE_LEAN=1] [NVML_POLL_MS=2] [GROUP_KILLS=1] bash scripts/h200/soak/run.sh
 # UNTIL=S: only the recordings' first S seconds come back (an opening to commit).
-# GROUPS=1: whole groups killed at once too (killpg, cgroup.kill, a pid namespace's init).
+# GROUP_KILLS=1: whole groups killed at once too (killpg, cgroup.kill, a pid namespace's init).
 # Exits 1 when a check failed (check.py's own status), after every mode ran.
 # SMOKE=0: no smoke run, for a call's full 10 min. BESIDE_LEAN=1 (with MODES=default): a --lean
 # agent runs beside the default one on the same churn (soak-lean.tgz, soak-lean.lgr.part-*).
@@ -37,7 +37,7 @@ for mode in $MODES; do
   flags=""
   [ "$mode" = lean ] && flags="--lean"
   [ "${BESIDE_LEAN:-0}" = 1 ] && flags="$flags --beside-lean"
-  [ "${GROUPS:-0}" = 1 ] && flags="$flags --groups"
+  [ "${GROUP_KILLS:-0}" = 1 ] && flags="$flags --groups"
   PYTHONUNBUFFERED=1 python3 "$S/soak.py" "$L" "$W" $flags --duration "${DURATION:-420}" \
     --workers "${WORKERS:-16}" --rate "${RATE:-6}" --nvml-poll-ms "${NVML_POLL_MS:-2}"
   echo "$mode: $(grep -c t_kill_ns "$W/truth.jsonl") kills, trace $(du -h "$W/soak.trace" | cut -f1)," \
