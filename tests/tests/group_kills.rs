@@ -19,6 +19,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::atomic::{AtomicU64, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -76,16 +77,23 @@ struct Truth {
 
 /// A v2 cgroup directory of the test's own (killed with `cgroup.kill` where the kernel has
 /// it, 5.14 and later; else each of its processes, as systemd kills a unit without it).
+/// The first cgroup2 mount where a directory made is a cgroup: other tests' chroots and
+/// containers list mounts of their own, some gone by the time this reads them.
 fn cgroup_parent() -> Option<PathBuf> {
     let mounts = fs::read_to_string("/proc/mounts").ok()?;
-    let root = mounts
+    let name = format!("linger-group-kills-{}", std::process::id());
+    mounts
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.len() > 2 && f[2] == "cgroup2")
-        .map(|f| PathBuf::from(f[1]))?;
-    let dir = root.join(format!("linger-group-kills-{}", std::process::id()));
-    fs::create_dir_all(&dir).ok()?;
-    Some(dir)
+        .filter(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1]).join(&name))
+        .find(|dir| {
+            let made = fs::create_dir_all(dir).is_ok() && dir.join("cgroup.procs").exists();
+            if !made {
+                let _ = fs::remove_dir(dir);
+            }
+            made
+        })
 }
 
 /// Kills every process of `cgroup`: `cgroup.kill`, else each pid `cgroup.procs` lists.
@@ -173,13 +181,16 @@ impl Drop for Job {
     }
 }
 
+/// Jobs' cgroups made so far in this process: tests run at once, each its own names.
+static JOBS: AtomicU64 = AtomicU64::new(0);
+
 /// Starts a group of `kind`, lets it hold the device `hold_ms`, kills it as the field does
 /// and waits until all of it has exited.
-fn group_kill(device: &Path, kind: Kind, children: usize, hold_ms: u64, n: u64) -> Truth {
+fn group_kill(device: &Path, kind: Kind, children: usize, hold_ms: u64) -> Truth {
     let cgroup = (kind == Kind::Cgroup).then(|| {
         let dir = cgroup_parent()
             .expect("a cgroup v2 hierarchy")
-            .join(format!("job-{n}"));
+            .join(format!("job-{}", JOBS.fetch_add(1, Ordering::Relaxed)));
         fs::create_dir_all(&dir).expect("a job's cgroup");
         dir
     });
@@ -465,7 +476,7 @@ fn seen_of(trace: &Path, pids: &[u32]) -> String {
 
 #[test]
 fn a_process_group_killed_at_once() {
-    traced("killpg", |d| vec![group_kill(d, Kind::Pgroup, 2, 100, 0)]);
+    traced("killpg", |d| vec![group_kill(d, Kind::Pgroup, 2, 100)]);
 }
 
 #[test]
@@ -473,19 +484,17 @@ fn a_cgroup_killed_at_once() {
     if cgroup_parent().is_none() {
         panic!("no cgroup v2 hierarchy here: mount one (cgroup2) to run this");
     }
-    traced("cgroup-kill", |d| {
-        vec![group_kill(d, Kind::Cgroup, 2, 100, 0)]
-    });
+    traced("cgroup-kill", |d| vec![group_kill(d, Kind::Cgroup, 2, 100)]);
 }
 
 #[test]
 fn a_pid_namespace_s_init_killed_from_the_host() {
-    traced("pidns", |d| vec![group_kill(d, Kind::Pidns, 2, 100, 0)]);
+    traced("pidns", |d| vec![group_kill(d, Kind::Pidns, 2, 100)]);
 }
 
 #[test]
 fn a_job_killed_as_its_child_exits() {
-    traced("racer", |d| vec![group_kill(d, Kind::Racer, 1, 100, 0)]);
+    traced("racer", |d| vec![group_kill(d, Kind::Racer, 1, 100)]);
 }
 
 /// Workers kill groups of every kind continuously for `LINGER_GROUP_CHURN_S` seconds
@@ -528,7 +537,6 @@ fn worker(device: &Path, seed: u64, end: Instant) -> Vec<Truth> {
     };
     let cgroups = cgroup_parent().is_some();
     let mut truths = Vec::new();
-    let mut n = seed * 100_000;
     while Instant::now() < end {
         let kind = match next(4) {
             0 => Kind::Pgroup,
@@ -542,8 +550,7 @@ fn worker(device: &Path, seed: u64, end: Instant) -> Vec<Truth> {
         } else {
             1 + next(3) as usize
         };
-        truths.push(group_kill(device, kind, children, 20 + next(200), n));
-        n += 1;
+        truths.push(group_kill(device, kind, children, 20 + next(200)));
     }
     truths
 }

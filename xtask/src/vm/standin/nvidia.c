@@ -13,7 +13,7 @@
  * ("linger-standin: freed by TGID at BOOTTIME_NS"), the truth of the VM's group-kill test.
  */
 #include <linux/delay.h>
-#include <linux/timekeeping.h>
+#include <linux/ktime.h>
 #include <linux/fs.h>
 #include <linux/ioctl.h>
 #include <linux/module.h>
