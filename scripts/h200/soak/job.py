@@ -20,8 +20,6 @@ to be killed or does what its options say.
                  files at each death.
 --import HANDLE  (the importer itself) open HANDLE, print IMPORTED, hold it as above
 --pgroup         lead a process group of its own (its children join it): killed by killpg
---host-pids      say the host's pids (it runs as pid 1 of a pid namespace of its own, with the
-                 host's /proc, as `unshare --pid --fork` starts it)
 """
 import argparse, ctypes, json, os, subprocess, sys, time, warnings
 
@@ -116,25 +114,6 @@ def spawn(plan, job, parent):
 SPAWNED = []
 
 
-def host_pids(pids):
-    """The host's pids of this process's descendants `pids` (pids of its own namespace): /proc
-    is the host's, so /proc/self names this process there, each task's `children` file lists
-    host pids, and each one's NSpid line ends with its pid here."""
-    mapping, todo = {}, [int(os.readlink("/proc/self"))]
-    while todo:
-        pid = todo.pop()
-        try:
-            kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
-        except OSError:
-            continue
-        for kid in map(int, kids):
-            for line in open(f"/proc/{kid}/status"):
-                if line.startswith("NSpid:"):
-                    mapping[int(line.split()[-1])] = kid
-            todo.append(kid)
-    return [mapping.get(p, p) for p in pids]
-
-
 def importer(handle_hex, exporter, seconds):
     context()
     handle = IpcHandle()
@@ -157,7 +136,6 @@ def main():
     p.add_argument("--import", dest="handle")
     p.add_argument("--exporter", type=int)
     p.add_argument("--pgroup", action="store_true")
-    p.add_argument("--host-pids", action="store_true")
     a = p.parse_args()
     if a.pgroup:
         os.setpgid(0, 0)
@@ -201,11 +179,6 @@ def main():
     for plan in filter(None, a.children.split(",")):
         spawn(plan, os.getpid(), os.getpid())
     info["holders"] += SPAWNED
-    if a.host_pids:
-        info["pid"] = int(os.readlink("/proc/self"))
-        hosts = host_pids([h["pid"] for h in info["holders"]])
-        for h, host in zip(info["holders"], hosts):
-            h["pid"] = host
     print("READY", json.dumps(info), flush=True)
     if a.exit_after is not None:
         time.sleep(a.exit_after)

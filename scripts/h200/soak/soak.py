@@ -254,8 +254,9 @@ def group_job(kind, cmd, n):
     if kind == "killpg":
         return cmd + ["--pgroup"], None, lambda pid: os.killpg(pid, signal.SIGKILL)
     if kind == "pidns":
-        return (["unshare", "--pid", "--fork"] + cmd + ["--host-pids"], None,
-                lambda pid: None)
+        # Its own /proc too: CUDA in a pid namespace with the host's fails to start
+        # (cudaErrorOperatingSystem, H100, 2026-12-07).
+        return (["unshare", "--pid", "--fork", "--mount-proc"] + cmd, None, lambda pid: None)
     cg = os.path.join(CGROUPS, f"job-{n}")
     os.makedirs(cg, exist_ok=True)
 
@@ -268,6 +269,30 @@ def group_job(kind, cmd, n):
             f.write("1")
 
     return cmd, join, kill
+
+
+def to_host(root, info):
+    """The job's and its holders' pids in the host's namespace: the READY line of a job that
+    is pid 1 of its own namespace gives that namespace's pids. The host's /proc lists each
+    process's children (host pids) and ends each one's NSpid line with its pid there."""
+    mapping, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        except OSError:
+            continue
+        for kid in map(int, kids):
+            try:
+                for line in open(f"/proc/{kid}/status"):
+                    if line.startswith("NSpid:"):
+                        mapping.setdefault(int(line.split()[-1]), kid)
+            except OSError:
+                pass
+            todo.append(kid)
+    info["pid"] = mapping.get(info["pid"], info["pid"])
+    for h in info["holders"]:
+        h["pid"] = mapping.get(h["pid"], h["pid"])
 
 
 def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib, kinds):
@@ -308,6 +333,8 @@ def worker(n, reaper, pace, stop, truth, lock, scrapers, max_gib, kinds):
                 truth.append(rec)
             continue
         info = json.loads(line.split(" ", 1)[1])
+        if kind == "pidns":
+            to_host(proc.pid, info)
         t_ready = boot_ns()
         rec["t_ready_ns"] = t_ready
         rec["holders"] = info["holders"]
