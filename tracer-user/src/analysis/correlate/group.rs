@@ -29,13 +29,31 @@ pub(super) struct CoVictim {
 /// raced the victim's kill, and nothing lingered because of it.
 const WENT_WITH_NS: u64 = 50_000_000;
 
-/// Whether `sent`, to a holder of `victim`'s files, kills it with the victim: a SIGKILL before
-/// the victim let go of its files (at `released_ns`, if it has), or one the kernel sent in the
-/// victim's own context as it exited (its pid namespace torn down, after its files' release).
-fn kills_with(sent: &SignalSent, victim: u32, released_ns: Option<u64>) -> bool {
+/// Whether `sent`, to a holder of victim `c`'s files, kills it with the victim: a SIGKILL
+/// before the victim let go of its files, one of the same kill as the victim's, or one the
+/// kernel sent in the victim's own context as it exited (its pid namespace torn down, after
+/// its files' release).
+fn kills_with(sent: &SignalSent, c: &Case) -> bool {
+    let released_ns = c.kernel_release.map(|k| k.0);
     sent.sig == SIGKILL
         && !sent.discarded
-        && (released_ns.is_none_or(|t| sent.t_ns <= t) || in_teardown_of(sent, victim))
+        && (released_ns.is_none_or(|t| sent.t_ns <= t)
+            || same_kill(sent, &c.signals)
+            || in_teardown_of(sent, c.inc.target.pid))
+}
+
+/// Whether `sent` is of the same kill as one of the victim's SIGKILLs: from the same thread,
+/// at most [`WENT_WITH_NS`] later. A `cgroup.kill` write, a killpg or a supervisor's loop
+/// signals its processes one after another; on a slow machine the victim's exit can be over
+/// before the last of them is signalled.
+fn same_kill(sent: &SignalSent, victim_signals: &[SignalSent]) -> bool {
+    sent.sender.pid != 0
+        && victim_signals.iter().any(|v| {
+            v.sig == SIGKILL
+                && v.sender.pid == sent.sender.pid
+                && v.sender.tid == sent.sender.tid
+                && (v.t_ns..=v.t_ns.saturating_add(WENT_WITH_NS)).contains(&sent.t_ns)
+        })
 }
 
 /// Whether `sent` is the kernel's kill of what is left of `victim`'s pid namespace as the
@@ -59,14 +77,15 @@ impl Correlator {
     /// Case `id`'s process died with `holders` holding its files: those already SIGKILLed are
     /// killed with it.
     pub(super) fn co_victims_at_death(&mut self, id: u64, holders: &[Holder]) {
-        let Some(victim) = self.cases.get(&id).map(|c| c.inc.target.pid) else {
+        let Some(c) = self.cases.get(&id) else {
             return;
         };
+        let victim = c.inc.target.pid;
         let found: Vec<(u32, CoVictim)> = holders
             .iter()
             .filter_map(|h| {
                 let case = self.holder_case(h.pid)?;
-                let killed = case.signals.iter().find(|s| kills_with(s, victim, None))?;
+                let killed = case.signals.iter().find(|s| kills_with(s, c))?;
                 let dead_ns = h.t_dead_ns.or(case.inc.t_group_dead_ns);
                 Some((
                     h.pid,
@@ -90,8 +109,7 @@ impl Correlator {
                 continue;
             };
             let victim = c.inc.target.pid;
-            let released = c.kernel_release.map(|k| k.0);
-            if c.holder_gone.get(&pid) == Some(&None) && kills_with(sent, victim, released) {
+            if c.holder_gone.get(&pid) == Some(&None) && kills_with(sent, c) {
                 c.co_victims.entry(pid).or_insert(CoVictim {
                     killed_ns: Some(sent.t_ns),
                     dead_ns: None,

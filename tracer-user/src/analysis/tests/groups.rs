@@ -132,6 +132,35 @@ fn a_child_killed_in_the_same_killpg_is_a_victim_not_a_holder() {
     assert_eq!(back(child), back(job), "{child:?}");
 }
 
+/// A `cgroup.kill` (or a supervisor's loop over a unit's pids) signals its processes one
+/// after another: on a slow machine (arm64 under emulation, 2026-12-07) the job's exit was over
+/// 1.5 ms before the kill reached its last child. That child is still killed with it.
+#[test]
+fn a_child_the_same_kill_reaches_after_the_job_s_exit_is_a_victim() {
+    let mut r = job_with(&[11, 12]);
+    r.nvml(2.0, 5 * GIB, &[(10, 4 * GIB)]);
+    sigkill(&mut r, SHELL, 10, 100.0, false, false);
+    r.die_with(10, 3, 100.05, 9);
+    sigkill(&mut r, SHELL, 11, 100.1, false, false);
+    zombie_reaped_by(&mut r, 10, SHELL, 100.2);
+    sigkill(&mut r, SHELL, 12, 101.7, false, false);
+    r.die_with(11, 2, 190.0, 9);
+    r.die_with(12, 1, 195.0, 9);
+    zombie_reaped_by(&mut r, 12, 1, 200.0);
+    r.nvml(200.5, GIB, &[]);
+    zombie_reaped_by(&mut r, 11, 1, 400.0);
+    r.tick(600.0);
+    assert_no_dead_holder_named(&r, &[11, 12]);
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::Released, "{job:?}");
+    assert!(
+        job.holders.iter().all(|h| h.t_killed_ns.is_some()),
+        "{:?}",
+        job.holders
+    );
+    assert_eq!(opened(&r, 10).len(), 1);
+}
+
 /// A child killed in the group kill that does not die (a thread blocked in the driver): once
 /// the job's report is due, the child is named as a holder killed with it that has not died,
 /// never as one to kill.
