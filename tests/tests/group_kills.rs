@@ -9,9 +9,13 @@
 //! seen gone. On the VM's stand-in driver (`cargo xtask vm` sets `LINGER_TEST_GPU_DEVICE`,
 //! `LINGER_TEST_STANDIN_LOG` and linger's strategy in `LINGER_TEST_LIVE_ARGS`), whose close
 //! sleeps as a GPU's teardown does, the driver's own record of the end of each file's free
-//! (kernel log lines `linger-standin: freed by PID at NS`) narrows it: from that free's end.
+//! (`/proc/linger-standin-frees`, lines `PID NS`) narrows it: from that free's end.
 //! Every kill must have one incident for the job, `released` within that, naming no process
-//! of the group as one to kill, and no second incident for any of them.
+//! of the group as one to kill, and no second incident for any of them. Where the jobs' exits
+//! go on 30 ms after the free (`LINGER_TEST_SLOW_EXIT`: a file of another module whose release
+//! sleeps), 99 % of the churn's moments must be within 2 ms of the free's end (the end of the
+//! stand-in's close), and any window stated (`t_memory_held_until_ns` to `t_memory_back_ns`)
+//! beside a moment off it must hold it.
 
 use std::{
     collections::BTreeMap,
@@ -39,6 +43,18 @@ use serde_json::Value;
 /// 10 ms under the VM's emulation (6.12 guest, 2026-12-07).
 const EXIT_TAIL_NS: u64 = 20_000_000;
 
+/// Where the job's exit goes on after the driver's free (`LINGER_TEST_SLOW_EXIT`, in the VM),
+/// the share of reported moments that must be within `MOMENT_NS` after the stand-in's own
+/// free's end; the others must state a window holding it.
+const MOMENT_NS: u64 = 2_000_000;
+const MOMENT_SHARE: f64 = 0.99;
+/// How far from the stand-in's clock read at the end of its close linger's sights may place
+/// the free: the thread still in the close after it (its last instructions), or once (1 of
+/// 670, 6.12 guest, 2026-12-07) seen outside 59 µs before it.
+const SLACK_NS: u64 = 500_000;
+/// The fewest kills whose moments' share is judged (the churn's).
+const MOMENT_SAMPLE: usize = 100;
+
 /// The job's program: built beside the test, or where the VM put it.
 fn job_program() -> PathBuf {
     std::env::var_os("LINGER_GROUP_JOB")
@@ -62,6 +78,8 @@ enum Kind {
     Pidns,
     /// SIGKILL of the job alone as its first child exits on its own.
     Racer,
+    /// SIGKILL of a job without children: the single kill beside the groups.
+    Single,
 }
 
 /// What a worker saw of one group kill.
@@ -143,6 +161,7 @@ impl Job {
             ]),
             Kind::Pidns => cmd.args(["pidns", &children.to_string()]),
             Kind::Racer => cmd.args(["pgroup", &children.to_string(), "--racer"]),
+            Kind::Single => cmd.args(["pgroup", "0"]),
         };
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -205,7 +224,7 @@ fn group_kill(device: &Path, kind: Kind, children: usize, hold_ms: u64) -> Truth
     match kind {
         Kind::Pgroup => killpg(leader, Signal::SIGKILL).expect("killpg"),
         Kind::Cgroup => kill_cgroup(cgroup.as_ref().expect("a cgroup")),
-        Kind::Pidns | Kind::Racer => kill(leader, Signal::SIGKILL).expect("kill"),
+        Kind::Pidns | Kind::Racer | Kind::Single => kill(leader, Signal::SIGKILL).expect("kill"),
     }
     if kind == Kind::Racer {
         // The children it leaves behind keep the device: killed next, as cleanup.
@@ -236,47 +255,78 @@ fn group_kill(device: &Path, kind: Kind, children: usize, hold_ms: u64) -> Truth
     }
 }
 
-/// The stand-in driver's frees, from the kernel log: (freeing process, end of the free).
+/// The stand-in driver's frees, from its own list: (freeing process, end of the free).
 fn standin_frees() -> Vec<(u32, u64)> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut kmsg = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open("/dev/kmsg")
-        .expect("/dev/kmsg");
-    let mut frees = Vec::new();
-    let mut record = vec![0u8; 8192];
-    // One record a read, until none is left (EAGAIN); a record overwritten meanwhile (EPIPE)
-    // is skipped.
-    loop {
-        match kmsg.read(&mut record) {
-            Ok(0) => break,
-            Ok(n) => {
-                let line = String::from_utf8_lossy(&record[..n]);
-                let Some((_, msg)) = line.split_once(';') else {
-                    continue;
-                };
-                let Some(rest) = msg.trim().strip_prefix("linger-standin: freed by ") else {
-                    continue;
-                };
-                if let Some((pid, at)) = rest.split_once(" at ") {
-                    if let (Ok(pid), Ok(at)) = (pid.parse(), at.trim().parse()) {
-                        frees.push((pid, at));
-                    }
-                }
+    let list = fs::read_to_string("/proc/linger-standin-frees").expect("the stand-in's frees");
+    list.lines()
+        .filter_map(|l| {
+            let (pid, at) = l.split_once(' ')?;
+            Some((pid.parse().ok()?, at.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The moments reported where the jobs' exits go on after the stand-in's free.
+#[derive(Default)]
+struct Moments {
+    /// Within `MOMENT_NS` after the free.
+    close: usize,
+    /// The others, in words.
+    off: Vec<String>,
+    /// The pids of the first group whose moment was off.
+    first_off: Vec<u32>,
+}
+
+impl Moments {
+    /// The exit went on after the free: the moment is the free's; a window stated beside a
+    /// moment off it must hold it.
+    fn judge(&mut self, t: &Truth, inc: &Value, freed: u64, wrong: &mut Vec<String>) {
+        let back = inc["gpu"]["t_memory_back_ns"].as_u64();
+        let held = inc["gpu"]["t_memory_held_until_ns"].as_u64();
+        let early = freed.saturating_sub(SLACK_NS);
+        if back.is_some_and(|b| (early..=freed + MOMENT_NS).contains(&b)) {
+            self.close += 1;
+        } else if held.is_some_and(|h| h > freed + SLACK_NS) || back.is_some_and(|b| b < early) {
+            wrong.push(format!(
+                "{t:?}: back {back:?}, held until {held:?}: the window misses the free at {freed}"
+            ));
+        } else {
+            if self.first_off.is_empty() {
+                self.first_off = t.pids.clone();
             }
-            Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => continue,
-            Err(_) => break,
+            self.off.push(format!(
+                "{t:?}: back {:.2} ms after the free, held until {:?} ms before it",
+                back.map_or(f64::NAN, |b| (b - freed) as f64 / 1e6),
+                held.map(|h| (freed - h) as f64 / 1e6)
+            ));
         }
     }
-    frees
+
+    /// A share is judged of the churn: one kill's moment may be off by an emulated machine's
+    /// hiccup, where no window it states misses the free.
+    fn verdict(&self, kills: usize, wrong: &mut Vec<String>) {
+        let ms = MOMENT_NS / 1_000_000;
+        eprintln!(
+            "moments within {ms} ms of the stand-in's free: {} of {kills}",
+            self.close
+        );
+        if kills >= MOMENT_SAMPLE && (self.close as f64) < MOMENT_SHARE * kills as f64 {
+            wrong.push(format!(
+                "{} of {kills} moments within {ms} ms of the stand-in's free (at least {}% must \
+                 be); the others:\n{}",
+                self.close,
+                MOMENT_SHARE * 100.0,
+                self.off.join("\n")
+            ));
+        }
+    }
 }
 
 /// Where the churn's or a test's records are judged wrong, in words, and the pids of the
 /// first group judged wrong.
 fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
     let frees = std::env::var_os("LINGER_TEST_STANDIN_LOG").map(|_| standin_frees());
+    let mut moments = std::env::var_os("LINGER_TEST_SLOW_EXIT").map(|_| Moments::default());
     let mut opened: BTreeMap<u64, usize> = BTreeMap::new();
     let mut last: BTreeMap<u64, &Value> = BTreeMap::new();
     let mut wrong = Vec::new();
@@ -345,6 +395,9 @@ fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
         if let Some(b) = back {
             after.push(b.saturating_sub(from));
         }
+        if let (Some(Some(freed)), Some(moments)) = (freed, moments.as_mut()) {
+            moments.judge(t, inc, freed, &mut wrong);
+        }
         // A racer's child exits on its own after the job's death: within a millisecond here,
         // later under the VM's emulation, when it held the memory on (its hint then names it
         // only while it lives, which the last record does not).
@@ -360,6 +413,13 @@ fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
         }
         if !wrong.is_empty() && first_wrong.is_empty() {
             first_wrong = t.pids.clone();
+        }
+    }
+    if let Some(moments) = moments {
+        let before = wrong.len();
+        moments.verdict(truths.len(), &mut wrong);
+        if first_wrong.is_empty() && wrong.len() > before {
+            first_wrong = moments.first_off;
         }
     }
     after.sort_unstable();
@@ -538,17 +598,18 @@ fn worker(device: &Path, seed: u64, end: Instant) -> Vec<Truth> {
     let cgroups = cgroup_parent().is_some();
     let mut truths = Vec::new();
     while Instant::now() < end {
-        let kind = match next(4) {
+        let kind = match next(5) {
             0 => Kind::Pgroup,
             1 if cgroups => Kind::Cgroup,
             1 | 2 => Kind::Pidns,
-            _ => Kind::Racer,
+            3 => Kind::Racer,
+            _ => Kind::Single,
         };
         // A racer's other children would hold its memory on: one, which exits.
-        let children = if kind == Kind::Racer {
-            1
-        } else {
-            1 + next(3) as usize
+        let children = match kind {
+            Kind::Racer => 1,
+            Kind::Single => 0,
+            _ => 1 + next(3) as usize,
         };
         truths.push(group_kill(device, kind, children, 20 + next(200)));
     }

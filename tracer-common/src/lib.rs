@@ -10,6 +10,7 @@ mod wire;
 
 pub mod asleep;
 pub mod driver;
+pub mod driver_text;
 pub mod offsets;
 pub mod records;
 

@@ -222,6 +222,11 @@ stable_ids! {
         /// The thread's final switch (do_task_dead): its exit, the release of the files it
         /// was the last to hold included, is over. No stack.
         Exited = 4,
+        /// The thread was seen outside the NVIDIA driver (an on-CPU sample or a switch-out,
+        /// `stack_id` where, or -1) after it was last seen inside it `blocked_ns` earlier (a
+        /// sample, a switch, or running again after a sleep there): its work in the driver
+        /// ended in between.
+        LeftDriver = 5,
     }
 }
 

@@ -7,6 +7,7 @@ mod bench;
 mod doctor;
 mod driver_files;
 mod driver_hooks;
+mod driver_text;
 mod emit;
 mod files;
 mod gpu_errors;

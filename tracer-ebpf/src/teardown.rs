@@ -11,6 +11,7 @@ use tracer_common::{KthreadWakeup, Loss, SampleKind, TeardownSample};
 
 use crate::{
     asleep::note_if_holder_asleep,
+    driver_text,
     emit::{count_loss, current_ids, emit, now_ns},
     search::walk_if_wanted,
     task::{switch_passes_prev_state, Task},
@@ -129,6 +130,9 @@ pub fn teardown_oncpu(ctx: PerfEventContext) -> u32 {
     let Some(owner) = owner_of(tgid, tid) else {
         return 0;
     };
+    if tgid == owner {
+        driver_text::sighted(&ctx, owner, tid, -1);
+    }
     if !keep_oncpu(owner) {
         return 0;
     }
@@ -177,6 +181,10 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
         // Its exit is over: for a process nobody reaps (its parent ignores SIGCHLD, as a pid
         // namespace's dying init does), the only moment before its free an RCU grace later.
         if let Some(owner) = owner_of(tgid, tid) {
+            if tgid == owner {
+                driver_text::sighted(&ctx, owner, tid, -1);
+                driver_text::forget(tid);
+            }
             emit::<TeardownSample>(|e| {
                 e.kind = SampleKind::Exited as u32;
                 e.stack_id = -1;
@@ -185,10 +193,19 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
             });
         }
     }
+    // Preempted: where it was, for the end of its driver work.
+    if prev_state == 0 {
+        if let Some(owner) = owner_of(tgid, tid).filter(|o| *o == tgid) {
+            driver_text::sighted(&ctx, owner, tid, -1);
+        }
+    }
     // Going to sleep (not merely preempted, nor dead for good): remember where.
     if prev_state != 0 && prev_state & TASK_DEAD == 0 {
         if let Some(owner) = owner_of(tgid, tid) {
             let stack_id = stack_id(&ctx);
+            if tgid == owner {
+                driver_text::sighted(&ctx, owner, tid, stack_id);
+            }
             let since = now_ns();
             let blocked = Blocked {
                 since,
@@ -208,6 +225,7 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
     }
     let next = Task(ctx.arg::<*const u8>(2));
     let next_tid = next.pid();
+    driver_text::resumed(next_tid);
     // SAFETY: the value is copied out before the entry is removed.
     if let Some(b) = unsafe { BLOCKED.get(next_tid) }.copied() {
         let _ = BLOCKED.remove(next_tid);

@@ -37,6 +37,9 @@ pub enum SampleKind {
     BlockEnd,
     /// The thread's final switch: its exit is over.
     Exited,
+    /// The thread seen outside the NVIDIA driver after it was last seen inside it
+    /// `blocked_ns` earlier: its driver work ended in between.
+    LeftDriver,
 }
 
 impl From<tracer_common::SampleKind> for SampleKind {
@@ -47,6 +50,7 @@ impl From<tracer_common::SampleKind> for SampleKind {
             K::BlockStart => Self::BlockStart,
             K::BlockEnd => Self::BlockEnd,
             K::Exited => Self::Exited,
+            K::LeftDriver => Self::LeftDriver,
         }
     }
 }

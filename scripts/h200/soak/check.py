@@ -3,7 +3,7 @@ job that ended (the job, its forked children and grandchildren, its IPC importer
 verdict, holders and release time; every incident settled; the lingering gauge back to 0 within
 2 s of the last release; and per minute the agent's CPU per kill, its memory and the records
 lost. Exits 1 when any answer is wrong, an incident a death needs is missing, an incident is
-left open, or the gauge stays up; 0 otherwise.
+left open, the gauge stays up, or too many moments are late (below); 0 otherwise.
 
 usage: check.py DIR [--agent lean] [--incidents FILE] [--until NS] [--lean]
     DIR holds truth.jsonl (or truth.jsonl.zst's contents), metrics.jsonl (optional) and
@@ -17,9 +17,11 @@ the child's own EXIT line (its last act before _exit), the harness's SIGKILL, or
 within AMBIGUOUS_NS of each other cannot be ordered from outside, and either answer is right.
 A job's memory is back, by the GPU's own account, between the start of the last reading of the
 soak's NVML poll that still listed the last process holding it and the end of the first that
-did not. A release is right inside that interval, widened by nothing, or outside it when the
-incident states a window (t_memory_held_until_ns to t_memory_back_ns) that holds part of it:
-the incident then says it cannot place the return closer. Only a job no reading brackets is
+did not. The moment an incident reports (t_memory_back_ns) is right within MOMENT_NS of that
+interval, whatever else it states; a window it states (t_memory_held_until_ns to
+t_memory_back_ns) must hold part of the interval. A moment early beyond MOMENT_NS, or late
+without such a window, is a wrong answer; late ones in such a window may be at most
+MOMENT_MISS_SHARE of the moments judged, or the check fails. Only a job no reading brackets is
 held to the harness's clocks: within WITHIN_NS of the reap of its last holder (the driver frees
 in that process's exit, before its zombie transition), or for a job that exited normally,
 between its EXIT line and its reap.
@@ -34,6 +36,12 @@ AMBIGUOUS_NS = 5_000_000
 MARGIN_NS = 5_000_000_000
 GAUGE_LAG_NS = 1_000_000_000
 GAUGE_ZERO_BY_NS = 2_000_000_000
+# The reported moment against the GPU's interval: off by more than MOMENT_NS is a wrong
+# moment, whatever window the incident states. Early ones are wrong answers; late ones in a
+# window that holds the interval may be at most MOMENT_MISS_SHARE of the moments judged (the
+# target: 99 % within MOMENT_NS).
+MOMENT_NS = 2_000_000
+MOMENT_MISS_SHARE = 0.01
 # Jobs killed as a whole group at once (soak.py --groups): their children are victims killed
 # with them, never holders to kill.
 GROUP_KINDS = {"killpg", "cgroup", "pidns"}
@@ -189,35 +197,43 @@ def judge_job(job, incidents, lean):
 
 
 def placement(job, inc):
-    """Where the incident's release falls against the GPU's own interval (widened by
-    nothing): "inside" it; "window" when outside, but the window the incident states
-    (t_memory_held_until_ns to t_memory_back_ns) holds part of it, so the incident says it
-    cannot place the return closer; "early" or "late" otherwise; None without an interval."""
+    """Where the incident's moment (t_memory_back_ns) falls against the GPU's own interval,
+    whatever window it states: "inside" it (or within MOMENT_NS of it), "early" or "late"; and
+    whether the window it states (t_memory_held_until_ns to t_memory_back_ns) holds part of the
+    interval (None where it states none). None without an interval."""
     gpu = (inc or {}).get("gpu") or {}
     back, held = gpu.get("t_memory_back_ns"), gpu.get("t_memory_held_until_ns")
     interval = job.nvml_interval()
     if back is None or interval is None:
         return None
-    if interval[0] <= back <= interval[1]:
-        return "inside"
-    if back < interval[0]:
-        return "early"
-    return "window" if held is not None and held <= interval[1] else "late"
+    window = None if held is None else held <= interval[1] and back >= interval[0]
+    if back < interval[0] - MOMENT_NS:
+        return "early", window
+    if back > interval[1] + MOMENT_NS:
+        return "late", window
+    return "inside", window
 
 
 def release_complaint(job, inc, t_back):
     """What is wrong with a job's reported release: judged against the GPU's interval where
     the soak's poll gives one, else against the harness's clocks (the reap, or for a job that
-    exited normally its EXIT line to its reap)."""
+    exited normally its EXIT line to its reap). A moment late beyond MOMENT_NS in a window that
+    holds the interval is not wrong here: such moments are counted (`late_moments`), and more
+    than MOMENT_MISS_SHARE of them fail the check."""
     back = (inc.get("gpu") or {}).get("t_memory_back_ns")
     if back is None:
         return "no release"
-    where = placement(job, inc)
-    if where in ("inside", "window"):
-        return None
-    if where is not None:
+    placed = placement(job, inc)
+    if placed is not None:
+        where, window = placed
+        if window is False and where != "early":
+            return (f"window {interval_text((inc['gpu']['t_memory_held_until_ns'], back), t_back)}"
+                    f" misses NVML's {interval_text(job.nvml_interval(), t_back)}")
+        if where == "inside" or (where == "late" and window):
+            return None
         return (f"release {(back - t_back) / 1e6:+.1f} ms off the reap, {where}: outside NVML's "
-                f"{interval_text(job.nvml_interval(), t_back)} and any window the incident states")
+                f"{interval_text(job.nvml_interval(), t_back)} by more than "
+                f"{MOMENT_NS / 1e6:.0f} ms{'' if window else ', and no window stated'}")
     exited = job.row.get("t_end_ns", {}).get(str(job.pid))
     if abs(back - t_back) <= WITHIN_NS or (exited is not None and exited <= back <= t_back):
         return None
@@ -270,6 +286,8 @@ def main():
     p.add_argument("--until", type=int, help="judge jobs ended 5 s before this (a cut)")
     p.add_argument("--lean", action="store_true")
     p.add_argument("--show", type=int, default=5, help="wrong answers shown per kind")
+    p.add_argument("--late-moments", type=float, default=MOMENT_MISS_SHARE,
+                   help="the share of moments that may be late beyond MOMENT_NS in a window")
     a = p.parse_args()
     rows = [json.loads(l) for l in open(os.path.join(a.dir, "truth.jsonl"))]
     summary = rows.pop()
@@ -322,55 +340,63 @@ def main():
         abs_ms = sorted(abs(e) / 1e6 for e in errors)
         print(f"release error: median {statistics.median(abs_ms):.2f} ms, p99 "
               f"{abs_ms[int(len(abs_ms) * 0.99)]:.2f} ms, max {abs_ms[-1]:.2f} ms ({len(abs_ms)} releases)")
-    interval_report(jobs, incidents)
+    moments_ok = interval_report(jobs, incidents, a.late_moments)
     steps.report(jobs, incidents, summary.get("used_steps", []), incident_of)
     gauge_ok = True
     metrics_path = os.path.join(agent_dir, "metrics.jsonl")
     if not a.incidents and os.path.exists(metrics_path):
         gauge_ok = metrics_report(metrics_path, incidents, jobs)
-    ok = bad == 0 and not unsettled and not verdictless and gauge_ok
+    ok = bad == 0 and not unsettled and not verdictless and gauge_ok and moments_ok
     print("check: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 
 
-def interval_report(jobs, incidents):
-    """Where each job's reported release falls against NVML's own interval for it (soak.py's
+def interval_report(jobs, incidents, allowed):
+    """Where each job's reported moment falls against NVML's own interval for it (soak.py's
     poll, each reading stamped at its start and end: back after the start of the last reading
     that listed the last holder, before the end of the first that did not), by the source the
     incident gives (`placement`), with the interval's median width and that of the windows
-    the incidents state for the releases outside it."""
-    by_source = {}
+    the incidents state for the late ones. Whether the late moments pass: at most
+    MOMENT_MISS_SHARE of those judged."""
+    by_source, judged, late = {}, 0, 0
     for job in jobs:
         inc = incident_of(job.pid, job.row["t_start_ns"], job.last_end, incidents)
-        where = placement(job, inc)
-        if where is None:
+        placed = placement(job, inc)
+        if placed is None:
             continue
+        where, window = placed
         gpu, interval = inc["gpu"], job.nvml_interval()
         row = by_source.setdefault(gpu.get("memory_back_by") or "none", {
             "inside": 0, "window": [], "early": [], "late": [], "width": []})
         row["width"].append(interval[1] - interval[0])
         back = gpu["t_memory_back_ns"]
+        judged += 1
         if where == "inside":
             row["inside"] += 1
         elif where == "early":
             row["early"].append(interval[0] - back)
-        elif where == "late":
-            row["late"].append(back - interval[1])
         else:
-            row["window"].append(back - gpu["t_memory_held_until_ns"])
+            row["late"].append(back - interval[1])
+            late += 1
+            if window:
+                row["window"].append(back - gpu["t_memory_held_until_ns"])
     if not by_source:
-        return
-    print("releases against NVML's interval (source: inside / outside it in the window the "
-          "incident states / early / late, the interval's median width)")
+        return True
+    print(f"moments against NVML's interval (source: within {MOMENT_NS / 1e6:.0f} ms of it / "
+          "early / late, of them in a window the incident states, the interval's median width)")
     for source, row in sorted(by_source.items()):
-        n = row["inside"] + len(row["window"]) + len(row["early"]) + len(row["late"])
+        n = row["inside"] + len(row["early"]) + len(row["late"])
         worst = lambda v: f" (max {max(v) / 1e6:.1f} ms)" if v else ""
         window = (f" (its width: median {statistics.median(row['window']) / 1e6:.1f} ms, "
                   f"max {max(row['window']) / 1e6:.1f} ms)" if row["window"] else "")
-        print(f"  {source}: {n} releases, {row['inside']} inside, {len(row['window'])} in a "
-              f"stated window{window}, {len(row['early'])} early{worst(row['early'])}, "
-              f"{len(row['late'])} late{worst(row['late'])}; width "
+        print(f"  {source}: {n} moments, {row['inside']} within, {len(row['early'])} early"
+              f"{worst(row['early'])}, {len(row['late'])} late{worst(row['late'])}, "
+              f"{len(row['window'])} of them in a stated window{window}; width "
               f"{statistics.median(row['width']) / 1e6:.1f} ms")
+    ok = late <= allowed * judged
+    print(f"late moments: {late} of {judged} ({'within' if ok else 'over'} the "
+          f"{allowed * 100:g} % allowed)")
+    return ok
 
 
 def metrics_report(path, incidents, jobs):

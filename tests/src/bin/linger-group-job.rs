@@ -7,6 +7,7 @@
 //! first), `pidns` (pid 1 of a new pid namespace; this process stays outside as its parent).
 //! `--racer`: the first child exits on its own when a line comes on stdin, as the job is
 //! killed. Prints `ready JOB CHILD...` (host pids) once set up, and again after the line.
+//! `LINGER_TEST_SLOW_EXIT=PATH`: also holds PATH, opened before and after the device.
 
 use std::{
     env,
@@ -64,6 +65,7 @@ fn main() -> Result<()> {
 /// Opens the device, forks `children` that keep it, says who they are, and waits to be
 /// killed; with `racer`, the first child exits when a line comes on stdin.
 fn job(device: &str, children: usize, racer: bool) -> Result<()> {
+    let slow_before = slow_exit()?;
     let gpu = OpenOptions::new()
         .read(true)
         .write(true)
@@ -71,6 +73,7 @@ fn job(device: &str, children: usize, racer: bool) -> Result<()> {
         .with_context(|| format!("opening {device}"))?;
     // Rust opens with O_CLOEXEC; children keep it across fork either way.
     fcntl(&gpu, FcntlArg::F_SETFD(FdFlag::empty()))?;
+    let slow_after = slow_exit()?;
     let (pids_r, pids_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     for i in 0..children {
@@ -98,10 +101,21 @@ fn job(device: &str, children: usize, racer: bool) -> Result<()> {
         File::from(go_w).write_all(b"x")?;
         ready(&pids)?;
     }
-    let _held = gpu;
+    let _held = (slow_before, gpu, slow_after);
     loop {
         thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// The file `LINGER_TEST_SLOW_EXIT` names (the VM's stand-in whose release sleeps), opened:
+/// held on each side of the GPU device, one of them is released after it whichever order
+/// the kernel runs the exit's releases in, and the exit goes on after the driver's free.
+fn slow_exit() -> Result<Option<File>> {
+    let Some(path) = env::var_os("LINGER_TEST_SLOW_EXIT") else {
+        return Ok(None);
+    };
+    let file = File::open(&path).with_context(|| format!("opening {path:?}"))?;
+    Ok(Some(file))
 }
 
 /// A child: tells its host pid, then sleeps holding the device (or exits at the go).

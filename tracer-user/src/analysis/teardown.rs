@@ -75,6 +75,9 @@ const HOST_MEMORY: [&str; 4] = [
 /// Frames of the driver freeing a file's RM clients, whose memory the device still counts.
 const RM_CLIENT_FREE: [&str; 2] = ["rm_cleanup_file_private", "nvidia_close"];
 
+/// Frames of the driver's release of a file: called only once its last reference went.
+const FILE_RELEASE: [&str; 3] = ["nvidia_close", "rm_cleanup_file_private", "uvm_release"];
+
 /// Frames of a release the driver handed to its own thread.
 const DEFERRED_RELEASE: [&str; 2] = ["nvidia_close_deferred", "uvm_release_deferred"];
 
@@ -199,6 +202,8 @@ pub struct TeardownLog {
     pub calls: Vec<DriverSpan>,
     /// Its threads' final switches (their exits over): (when, tid).
     exited: Vec<(u64, u32)>,
+    /// Its threads seen leaving the driver: (when first seen outside, when last inside).
+    left_driver: Vec<(u64, u64)>,
 }
 
 impl TeardownLog {
@@ -210,9 +215,14 @@ impl TeardownLog {
         stack_id: i32,
         blocked_ns: u64,
     ) {
-        if kind == SampleKind::Exited {
-            self.exited.push((t_ns, tid));
-            return;
+        match kind {
+            SampleKind::Exited => return self.exited.push((t_ns, tid)),
+            SampleKind::LeftDriver => {
+                return self
+                    .left_driver
+                    .push((t_ns, t_ns.saturating_sub(blocked_ns)));
+            }
+            _ => {}
         }
         self.samples.push(Sample {
             t_ns,
@@ -238,6 +248,50 @@ impl TeardownLog {
             .max()
     }
 
+    /// When its release of a GPU file within `[from, to]` was over, where its threads'
+    /// sights tell it: the last leaving of the driver seen (the first sight outside after one
+    /// inside), after a sight inside the driver's release of a file (which runs only once the
+    /// file's last reference went: every other holder had let go), or a last sight inside
+    /// during its exit (since `dead`, its group's death: the exit enters the driver only to
+    /// release files and unmap; a stack the kernel could not keep still tells inside from
+    /// outside), with no sight inside the driver after it (of its threads or the driver
+    /// kthreads it woke); `(first seen outside, last seen inside)`.
+    pub fn left_driver_by(
+        &self,
+        stacks: &IdMap<i32, Stack>,
+        (from, to): (u64, u64),
+        dead: Option<u64>,
+    ) -> Option<(u64, u64)> {
+        let (at, since) = self
+            .left_driver
+            .iter()
+            .copied()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .max()?;
+        let seen = |t: u64, s: &Sample, frames: &dyn Fn(&str) -> bool| {
+            let sight = matches!(
+                s.kind,
+                SampleKind::BlockEnd | SampleKind::OnCpu | SampleKind::BlockStart
+            );
+            sight
+                && s.t_ns > t
+                && stacks
+                    .get(&s.stack_id)
+                    .is_some_and(|st| st.frames.iter().any(|f| frames(f)))
+        };
+        let releasing = |f: &str| FILE_RELEASE.iter().any(|r| f.starts_with(r));
+        let released = dead.is_some_and(|d| since >= d)
+            || self
+                .samples
+                .iter()
+                .any(|s| s.t_ns <= at && seen(from, s, &releasing));
+        let inside_after = self
+            .samples
+            .iter()
+            .any(|s| s.t_ns <= to && seen(at, s, &is_driver_frame));
+        (released && !inside_after).then_some((at, since))
+    }
+
     /// Phase times of thread `tid` within `[from, to]`, largest first, and the share of the
     /// interval they cover. Each sample ends a piece of the thread's timeline: an on-CPU one
     /// the time since the previous sample, a sleep's start the time it ran before sleeping,
@@ -258,7 +312,10 @@ impl TeardownLog {
             let end = s.t_ns.min(to);
             let start = match s.kind {
                 SampleKind::BlockEnd => s.t_ns.saturating_sub(s.blocked_ns).max(last),
-                SampleKind::OnCpu | SampleKind::BlockStart | SampleKind::Exited => last,
+                SampleKind::OnCpu
+                | SampleKind::BlockStart
+                | SampleKind::Exited
+                | SampleKind::LeftDriver => last,
             }
             .max(from);
             if end > start {
@@ -357,6 +414,22 @@ impl TeardownLog {
             .max()
     }
 
+    /// The end of the driver's release of a file (`nvidia_close`, `uvm_release_entry`) that
+    /// the hooks timed inside `fput`, an `__fput` on the same thread.
+    pub fn driver_release_within(&self, fput: &DriverSpan) -> Option<u64> {
+        self.calls
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.func,
+                    DriverFunc::NvidiaClose | DriverFunc::UvmReleaseEntry
+                )
+            })
+            .filter(|c| c.tid == fput.tid && c.start_ns >= fput.start_ns && c.end_ns <= fput.end_ns)
+            .map(|c| c.end_ns)
+            .max()
+    }
+
     /// The hooked release within `[from, to]`, if the hooks saw one.
     pub fn driver_release(&self, from: u64, to: u64) -> Option<DriverRelease> {
         let calls: Vec<&DriverSpan> = self
@@ -441,7 +514,10 @@ impl TeardownLog {
                 SampleKind::BlockStart => {
                     open.insert(s.tid, (s.t_ns, s.stack_id));
                 }
-                SampleKind::BlockEnd | SampleKind::OnCpu | SampleKind::Exited => {
+                SampleKind::BlockEnd
+                | SampleKind::OnCpu
+                | SampleKind::Exited
+                | SampleKind::LeftDriver => {
                     open.remove(&s.tid);
                 }
             }
@@ -470,7 +546,7 @@ impl TeardownLog {
                         .min(to)
                         .saturating_sub(s.t_ns.saturating_sub(s.blocked_ns).max(from))
                 }
-                SampleKind::BlockStart | SampleKind::Exited => {
+                SampleKind::BlockStart | SampleKind::Exited | SampleKind::LeftDriver => {
                     last.insert(s.tid, s.t_ns);
                     0
                 }

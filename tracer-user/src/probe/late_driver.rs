@@ -32,6 +32,7 @@ impl Probes {
         self.strategy.no_driver = false;
         let attached = self
             .fill_gpu_devices(&devices)
+            .and_then(|()| self.fill_driver_text().map(drop))
             .and_then(|()| self.answer_late_driver(&devices));
         self.strategy.reasons.push(match attached {
             Ok(how) => format!(

@@ -61,6 +61,8 @@ impl Probes {
         probes.attach_entries(&hooks::PROCESSES, &kernel, &btf)?;
         let xid_tracepoint = probes.attach_xids(xid_layout);
         probes.fill_gpu_devices(&config.gpu_devices)?;
+        let pieces = probes.fill_driver_text()?;
+        debug!("the driver's code: {pieces} pieces");
         probes.strategy = strategy::attach(&mut probes.ebpf, config.driver_hooks, Some(&btf))?;
         probes.ioctls = config.ioctls;
         probes.stuck_after_ns = config.stuck_after_ns;

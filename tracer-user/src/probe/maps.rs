@@ -3,10 +3,17 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
 
-use tracer_common::asleep::Asleep;
+use log::warn;
+use tracer_common::{
+    asleep::Asleep,
+    driver_text::{TextRange, DRIVER_TEXT_RANGES},
+};
 
 use super::{devices::GpuDevices, load::Probes};
-use crate::error::{ObjectError, Result};
+use crate::{
+    error::{ObjectError, Result},
+    source::kallsyms::{Kallsyms, DRIVER_MODULES},
+};
 
 impl Probes {
     /// Slot 0 of the one-slot array `name`, a flag the programs read.
@@ -30,6 +37,35 @@ impl Probes {
     pub(super) fn fill_gpu_devices(&mut self, devices: &GpuDevices) -> Result<()> {
         self.insert_all("GPU_MAJORS", devices.majors.iter().copied())?;
         self.insert_all("GPU_DEVS", devices.devs.iter().copied())
+    }
+
+    /// Tells the programs where the driver's code is (see `driver_text` in the programs), from
+    /// /proc/kallsyms: without it (no driver loaded, addresses hidden) no thread is ever seen
+    /// inside the driver, and a release is timed as before. The ranges told.
+    pub(super) fn fill_driver_text(&mut self) -> Result<usize> {
+        let mut ranges = Kallsyms::load().module_text(&DRIVER_MODULES);
+        let room = DRIVER_TEXT_RANGES as usize;
+        if ranges.len() > room {
+            // The largest: a stack deep in the driver has a frame in its main code.
+            ranges.sort_by_key(|(s, e)| std::cmp::Reverse(e - s));
+            warn!(
+                "the driver's code is in {} pieces; {room} told to the programs",
+                ranges.len()
+            );
+            ranges.truncate(room);
+        }
+        let name = "DRIVER_TEXT";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| ObjectError::MissingMap(name.into()))?;
+        let mut text: Array<_, TextRange> = Array::try_from(map).map_err(ObjectError::map(name))?;
+        for (i, &(start, end)) in ranges.iter().enumerate() {
+            let range = TextRange { start, end };
+            text.set(i as u32, range, 0)
+                .map_err(ObjectError::map(name))?;
+        }
+        Ok(ranges.len())
     }
 
     /// Marks processes found holding GPU files before tracing began.

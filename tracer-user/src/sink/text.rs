@@ -366,6 +366,7 @@ fn gpu_steps(inc: &Incident, gpu: &GpuImpact) -> Vec<String> {
         let how = match by {
             Source::Fput => "__fput",
             Source::Exited => "by its exit",
+            Source::LeftDriver => "leaving the driver",
             _ => "by its zombie",
         };
         steps.push(format!(

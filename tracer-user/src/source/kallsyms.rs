@@ -18,6 +18,13 @@ pub struct Kallsyms {
 /// many places on-CPU samples land.
 const FOUND_MAX: usize = 1 << 16;
 
+/// The NVIDIA driver's modules: the RM and UVM.
+pub const DRIVER_MODULES: [&str; 2] = ["nvidia", "nvidia_uvm"];
+
+/// How far past its last function a module listed last in /proc/kallsyms is taken to reach
+/// (its last function's length is not listed).
+const LAST_RUN_SLACK: u64 = 1 << 20;
+
 impl Kallsyms {
     /// Reads /proc/kallsyms; as root the addresses are real (otherwise all zero, and every
     /// frame stays an address).
@@ -59,6 +66,36 @@ impl Kallsyms {
         self.addrs.is_empty()
     }
 
+    /// The code of the named modules as address ranges, each from a run's first function to
+    /// the first function after it of another module or the kernel: the addresses
+    /// [`Kallsyms::name`] names `func[module]` for. The last listed run (no function after
+    /// it) is given `LAST_RUN_SLACK`.
+    pub fn module_text(&self, modules: &[&str]) -> Vec<(u64, u64)> {
+        let ours = |name: &str| {
+            modules.iter().any(|m| {
+                name.strip_suffix(']')
+                    .and_then(|n| n.strip_suffix(m))
+                    .is_some_and(|n| n.ends_with('['))
+            })
+        };
+        let mut ranges = Vec::new();
+        let mut start = None;
+        for (&addr, name) in self.addrs.iter().zip(&self.names) {
+            match (ours(name), start) {
+                (true, None) => start = Some(addr),
+                (false, Some(s)) if addr > s => {
+                    ranges.push((s, addr));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let (Some(s), Some(&last)) = (start, self.addrs.last()) {
+            ranges.push((s, last + LAST_RUN_SLACK));
+        }
+        ranges
+    }
+
     /// The function containing `addr`.
     pub fn name(&mut self, addr: u64) -> String {
         if self.found.len() >= FOUND_MAX {
@@ -92,5 +129,30 @@ mod tests {
         assert_eq!(k.name(addr + 1), name);
         // Looked up again, from what was found.
         assert_eq!(k.name(addr + 1), name);
+    }
+
+    #[test]
+    fn a_module_s_code_reaches_the_next_function_of_another() {
+        // Lines as /proc/kallsyms prints them: the kernel's, then modules' (one of them a
+        // prefix of another's name), out of order.
+        let k = Kallsyms::parse(
+            "ffffffffc0a01000 t rm_cleanup_file_private\t[nvidia]\n\
+             ffffffff8a369b80 T __fput\n\
+             ffffffffc0a00000 T nvidia_close\t[nvidia]\n\
+             ffffffffc0a02000 t e1000_probe\t[e1000]\n\
+             ffffffffc0b00000 t uvm_release_entry\t[nvidia_uvm]\n\
+             ffffffffc0b00100 t nvkm_init\t[nouveau_nvidia]\n\
+             ffffffffc0c00000 t uvm_va_space_destroy\t[nvidia_uvm]\n\
+             ffffffffc0c00000 d uvm_data\t[nvidia_uvm]\n",
+        );
+        assert_eq!(
+            k.module_text(&DRIVER_MODULES),
+            [
+                (0xffffffffc0a00000, 0xffffffffc0a02000),
+                (0xffffffffc0b00000, 0xffffffffc0b00100),
+                (0xffffffffc0c00000, 0xffffffffc0c00000 + LAST_RUN_SLACK),
+            ]
+        );
+        assert!(k.module_text(&["i915"]).is_empty());
     }
 }

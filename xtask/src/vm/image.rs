@@ -82,6 +82,8 @@ pub fn build(
     };
     let _ = ldconfig.arg("-r").arg(&root).status();
     fs::copy(module, root.join("standin.ko"))?;
+    let slow = module.with_file_name(super::standin::SLOW_MODULE);
+    fs::copy(slow, root.join(super::standin::SLOW_MODULE))?;
     let init = root.join("init");
     fs::write(&init, include_str!("init.sh"))?;
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;

@@ -241,13 +241,19 @@ for t in /test-*; do
     tagged test-$name-err /tmp/test.out
 done
 # Whole groups killed at once (killpg, a cgroup, a pid namespace's init, a job killed as its
-# child exits) on the stand-in driver, whose nvidia0 close sleeps 200 ms and logs the end of
-# its free, under each strategy: the driver hooks this kernel allows, and none (the GPU
+# child exits, a job alone) on the stand-in driver, whose nvidia0 close sleeps 200 ms and logs
+# the end of its free, under each strategy: the driver hooks this kernel allows, and none (the GPU
 # machines' kernel). The churn runs 120 s (30 s under arm64's slower emulation).
 mkdir -p /sys/fs/cgroup
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 churn=120
 [ "$(uname -m)" = aarch64 ] && churn=30
+# Every job's exit goes on 30 ms after the driver's free: it holds a file of another module
+# whose release sleeps (as a GPU job's exit goes on after the driver's on a busy node). The
+# memory is back at the free, not at the exit's end.
+insmod /linger_slow.ko exit_ms=30
+say slow-insmod-exit $?
+mknod /tmp/linger-slow c "$(sed -n 's/^ *\([0-9]*\) linger-slow$/\1/p' /proc/devices)" 0
 for t in /standin-test-*; do
     name=${t#/standin-test-}
     for strategy in hooks locked; do
@@ -255,6 +261,7 @@ for t in /standin-test-*; do
         [ $strategy = locked ] && args="--driver-hooks off"
         LINGER_BIN=/linger LINGER_GROUP_JOB=/linger-group-job LINGER_TEST_GPU_DEVICE=/tmp/nvidia0 \
             LINGER_TEST_STANDIN_LOG=1 LINGER_TEST_LIVE_ARGS="$args" LINGER_GROUP_CHURN_S=$churn \
+            LINGER_TEST_SLOW_EXIT=/tmp/linger-slow \
             $t --test-threads=1 --nocapture > /tmp/test.out 2>&1
         say test-$name-$strategy-exit $?
         tagged test-$name-$strategy-err /tmp/test.out

@@ -13,9 +13,14 @@ use anyhow::{bail, Context, Result};
 
 use super::{guest::Guest, Kernel};
 
-/// The module's sources, by file name.
-const MODULE_SOURCES: [(&str, &str); 3] = [
+/// The module with a slow release beside the stand-in (`standin/linger_slow.c`), built with
+/// it: the same directory, file name.
+pub const SLOW_MODULE: &str = "linger_slow.ko";
+
+/// The modules' sources, by file name.
+const MODULE_SOURCES: [(&str, &str); 4] = [
     ("nvidia.c", include_str!("standin/nvidia.c")),
+    ("linger_slow.c", include_str!("standin/linger_slow.c")),
     ("Kbuild", include_str!("standin/Kbuild")),
     ("standin-xid.h", include_str!("standin/standin-xid.h")),
 ];
@@ -29,7 +34,10 @@ pub fn build(dir: &Path, kernel: &Kernel, guest: Guest) -> Result<PathBuf> {
     let module = src.join("nvidia.ko");
     let key_file = src.join("built-from");
     let key = build_key(kernel, guest);
-    if module.exists() && fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
+    if module.exists()
+        && src.join(SLOW_MODULE).exists()
+        && fs::read_to_string(&key_file).is_ok_and(|k| k == key)
+    {
         eprintln!(
             "xtask vm: the stand-in module for {} is cached",
             kernel.release

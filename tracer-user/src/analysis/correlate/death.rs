@@ -418,18 +418,17 @@ impl Correlator {
 
     /// [`Self::kernel_released`], at a moment `by` says.
     pub(super) fn kernel_released_by(&mut self, id: u64, t_ns: u64, by: Source) {
-        let Some(c) = self.cases.get_mut(&id) else {
+        let Some(c) = self.cases.get(&id) else {
             return;
         };
         if c.kernel_release.is_some() {
             return;
         }
-        let release = match c.fput_end {
-            Some(end) if end <= t_ns => (end, Source::Fput),
-            _ => (t_ns, by),
-        };
-        c.kernel_release = Some(release);
+        let release = self.own_release_by(c, t_ns).unwrap_or((t_ns, by));
         let pid = c.inc.target.pid;
+        if let Some(c) = self.cases.get_mut(&id) {
+            c.kernel_release = Some(release);
+        }
         self.agenda.touch(id);
         self.memory.kernel_released(id, release.0);
         // Whatever it imported went with its files.
@@ -490,7 +489,8 @@ impl Correlator {
                 let t = match self.case_of_dead(holder) {
                     Some(hc) => match (hc.kernel_release, group::released_in_teardown(c, holder)) {
                         (Some((t, _)), _) => t,
-                        (None, Some(t)) => t,
+                        // Its own release, where the hooks or its threads' sights tell it.
+                        (None, Some(t)) => self.own_release_by(hc, t).map_or(t, |r| r.0),
                         (None, None) => continue,
                     },
                     None => now,
@@ -505,6 +505,19 @@ impl Correlator {
             self.agenda.touch(id);
             self.memory.activity(id, t);
         }
+    }
+
+    /// When case `c`'s process let go of its files at or before `t_ns`, where more than the
+    /// end of its exit says: the driver hooks' last `__fput`, else its threads' leaving of the
+    /// driver.
+    pub(super) fn own_release_by(&self, c: &Case, t_ns: u64) -> Option<(u64, Source)> {
+        if let Some(end) = c.fput_end.filter(|end| *end <= t_ns) {
+            return Some((end, Source::Fput));
+        }
+        let log = self.teardown.get(&c.inc.target.pid)?;
+        let window = (c.inc.t_signal_ns, t_ns);
+        let (at, _) = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
+        Some((at, Source::LeftDriver))
     }
 
     /// The case of a dead process (the latest, should the pid have been reused).

@@ -130,7 +130,8 @@ pub(in crate::analysis) struct Case {
     pub ledger_parts: Vec<LedgerPart>,
     /// A GPU holder: its memory is watched.
     pub gpu: bool,
-    /// End of the last exit-path `__fput` of one of its files (driver hooks).
+    /// End of the last exit-path `__fput` of one of its files (driver hooks): of the driver's
+    /// release inside it, where the driver's functions are hooked too.
     fput_end: Option<u64>,
     /// Its own release of its GPU files.
     pub kernel_release: Option<(u64, Source)>,

@@ -139,10 +139,17 @@ impl Correlator {
             self.teardown.entry(owner).or_default().calls.push(span);
         }
         if func == DriverFunc::Fput {
+            // The driver's own release inside it, where its functions are hooked: the rest of
+            // `__fput` can be preempted for milliseconds after the memory is back.
+            let released = self
+                .teardown
+                .get(&e.pid)
+                .and_then(|log| log.driver_release_within(&span))
+                .unwrap_or(e.ts_ns);
             if let Some(id) = self.cases.of_unreaped(e.pid) {
                 if let Some(c) = self.cases.get_mut(&id) {
                     if c.files.contains(&file) {
-                        c.fput_end = c.fput_end.max(Some(e.ts_ns));
+                        c.fput_end = c.fput_end.max(Some(released));
                         self.agenda.touch(id);
                     }
                 }
@@ -303,10 +310,32 @@ impl Correlator {
         if c.unaccounted.any() {
             return None;
         }
-        let own = c.kernel_release?.0;
-        c.holder_gone
-            .values()
-            .try_fold(own, |t, g| g.map(|g| t.max(g)))
+        let (own, by) = c.kernel_release?;
+        let mut last = own;
+        // The driver's release of the files, seen: it ran once every other reference went,
+        // whatever later bound (a zombie transition) another holder's exit gave.
+        let mut closed = closes(by).then_some(own);
+        for (&pid, gone) in &c.holder_gone {
+            let g = (*gone)?;
+            last = last.max(g);
+            if self.closed_at(pid, g) {
+                closed = Some(closed.map_or(g, |t| t.max(g)));
+            }
+        }
+        Some(closed.unwrap_or(last))
+    }
+
+    /// Whether holder `pid`'s release at `t_ns` is the driver's release of the files (the
+    /// hooks' `__fput`, or its threads leaving the driver's release).
+    fn closed_at(&self, pid: u32, t_ns: u64) -> bool {
+        let Some(hc) = self.case_of_dead(pid) else {
+            return false;
+        };
+        let release = hc
+            .kernel_release
+            .filter(|k| k.0 == t_ns)
+            .or_else(|| self.own_release_by(hc, t_ns));
+        release.is_some_and(|(t, by)| t == t_ns && closes(by))
     }
 
     /// The kernel's last release of a victim's files, once NVML confirms it: no reading since
@@ -323,6 +352,11 @@ impl Correlator {
         let t = self.last_release(c)?;
         self.memory.confirmed_back(id, t)
     }
+}
+
+/// Whether a release timed by `by` is the driver's release of the files.
+fn closes(by: Source) -> bool {
+    matches!(by, Source::Fput | Source::LeftDriver)
 }
 
 /// What linger saw processes do themselves, for telling a rise of a process's NVML figure

@@ -545,6 +545,8 @@ impl Correlator {
                 ms(k),
                 match how {
                     Source::Fput => "the driver hooks' last __fput",
+                    Source::LeftDriver =>
+                        "its threads' first sight outside the driver after their last inside",
                     Source::Exited =>
                         "its last thread's final switch, nobody reaping it: an \
                                        upper bound",

@@ -221,6 +221,11 @@ pub enum Source {
     /// The zombie transition (SIGCHLD to the parent), which follows the exit path's release of
     /// the files: an upper bound.
     Zombie,
+    /// Its threads' first sight outside the NVIDIA driver (an on-CPU stack sample or a switch)
+    /// after their last inside, none inside after it: the driver's free was over, and the
+    /// moment is off by at most the gap since that last sight inside (kernels where no hook
+    /// times the driver's release).
+    LeftDriver,
     /// The last of its threads' final switch, for a process that sent no SIGCHLD (reaped by
     /// nobody: its parent ignores SIGCHLD, as a pid namespace's dying init does): an upper
     /// bound, where the kernel's free comes an RCU grace period later.

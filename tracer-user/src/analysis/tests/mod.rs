@@ -6,6 +6,7 @@ mod groups;
 mod imports;
 mod incidents;
 mod lean;
+mod moments;
 mod nvml;
 mod phases;
 pub(super) mod run;

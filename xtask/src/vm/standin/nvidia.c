@@ -9,14 +9,17 @@
  * naming the caller, through the driver's one tracepoint, as the driver does when a kernel
  * of the process writes through a bad pointer. While `stall_ms` (writable) is non-zero, every
  * close of nvidia0-1 first sleeps uninterruptibly that long in nv_kthread_q_flush, as threads
- * of the real driver stay stuck flushing its queue. Each free's end goes to the kernel log
- * ("linger-standin: freed by TGID at BOOTTIME_NS"), the truth of the VM's group-kill test.
+ * of the real driver stay stuck flushing its queue. Each free's end is listed in
+ * /proc/linger-standin-frees ("TGID BOOTTIME_NS" lines), the truth of the VM's group-kill
+ * test.
  */
 #include <linux/delay.h>
 #include <linux/ktime.h>
 #include <linux/fs.h>
 #include <linux/ioctl.h>
 #include <linux/module.h>
+#include <linux/proc_fs.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/sched.h>
 #include <linux/workqueue.h>
@@ -50,9 +53,39 @@ struct standin_file {
 STANDIN void rm_cleanup_file_private(void *sp, void *nv, void *nvfp)
 {
 	msleep(delay_ms);
-	/* The free's end, on the stream's clock: the truth linger's release is judged by. */
-	pr_info("linger-standin: freed by %d at %llu\n", task_tgid_nr(current),
-		ktime_get_boottime_ns());
+}
+
+/* Each free's end, for /proc/linger-standin-frees: kept in place, since printing or waking a
+ * worker from the driver's code would keep the freeing thread in it, or preempt it, for
+ * milliseconds under emulation. */
+#define FREES_MAX 32768
+static struct {
+	pid_t tgid;
+	u64 at;
+} frees[FREES_MAX];
+static atomic_t frees_taken = ATOMIC_INIT(0);
+
+/* The free's end, as the driver's code is left, on the stream's clock: the truth linger's
+ * release is judged by. */
+static void freed(void)
+{
+	u64 at = ktime_get_boottime_ns();
+	int i = atomic_inc_return(&frees_taken) - 1;
+
+	if (i < FREES_MAX) {
+		frees[i].tgid = task_tgid_nr(current);
+		frees[i].at = at;
+	}
+}
+
+static int frees_show(struct seq_file *m, void *v)
+{
+	int n = min(atomic_read(&frees_taken), FREES_MAX);
+	int i;
+
+	for (i = 0; i < n; i++)
+		seq_printf(m, "%d %llu\n", frees[i].tgid, frees[i].at);
+	return 0;
 }
 
 STANDIN void nvidia_close_deferred(void *data)
@@ -60,6 +93,7 @@ STANDIN void nvidia_close_deferred(void *data)
 	rm_cleanup_file_private(NULL, NULL, data);
 	kfree(data);
 	WRITE_ONCE(deferred_closes, deferred_closes + 1);
+	freed();
 }
 
 static void deferred_close_work(struct work_struct *work)
@@ -104,6 +138,7 @@ STANDIN int nvidia_close(struct inode *inode, struct file *file)
 	}
 	rm_cleanup_file_private(NULL, NULL, nvlfp);
 	kfree(nvlfp);
+	freed();
 	return 0;
 }
 
@@ -162,7 +197,13 @@ static int __init standin_init(void)
 		err = uvm_major;
 		goto fail_nvidia;
 	}
+	if (!proc_create_single("linger-standin-frees", 0444, NULL, frees_show)) {
+		err = -ENOMEM;
+		goto fail_uvm;
+	}
 	return 0;
+fail_uvm:
+	unregister_chrdev(uvm_major, "nvidia-uvm");
 fail_nvidia:
 	unregister_chrdev(195, "nvidia");
 fail_queue:
@@ -172,6 +213,7 @@ fail_queue:
 
 static void __exit standin_exit(void)
 {
+	remove_proc_entry("linger-standin-frees", NULL);
 	unregister_chrdev(uvm_major, "nvidia-uvm");
 	unregister_chrdev(195, "nvidia");
 	destroy_workqueue(nv_queue);
