@@ -255,13 +255,14 @@ impl TeardownLog {
     /// during its exit (since `dead`, its group's death: the exit enters the driver only to
     /// release files and unmap; a stack the kernel could not keep still tells inside from
     /// outside), with no sight inside the driver after it (of its threads or the driver
-    /// kthreads it woke); `(first seen outside, last seen inside)`.
+    /// kthreads it woke); `(first seen outside, whether a sight in the file release came
+    /// before it)`.
     pub fn left_driver_by(
         &self,
         stacks: &IdMap<i32, Stack>,
         (from, to): (u64, u64),
         dead: Option<u64>,
-    ) -> Option<(u64, u64)> {
+    ) -> Option<(u64, bool)> {
         let (at, since) = self
             .left_driver
             .iter()
@@ -280,16 +281,16 @@ impl TeardownLog {
                     .is_some_and(|st| st.frames.iter().any(|f| frames(f)))
         };
         let releasing = |f: &str| FILE_RELEASE.iter().any(|r| f.starts_with(r));
-        let released = dead.is_some_and(|d| since >= d)
-            || self
-                .samples
-                .iter()
-                .any(|s| s.t_ns <= at && seen(from, s, &releasing));
+        let released = self
+            .samples
+            .iter()
+            .any(|s| s.t_ns <= at && seen(from, s, &releasing));
+        let in_exit = dead.is_some_and(|d| since >= d);
         let inside_after = self
             .samples
             .iter()
             .any(|s| s.t_ns <= to && seen(at, s, &is_driver_frame));
-        (released && !inside_after).then_some((at, since))
+        ((released || in_exit) && !inside_after).then_some((at, released))
     }
 
     /// Phase times of thread `tid` within `[from, to]`, largest first, and the share of the

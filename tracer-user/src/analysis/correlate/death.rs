@@ -511,13 +511,27 @@ impl Correlator {
     /// end of its exit says: the driver hooks' last `__fput`, else its threads' leaving of the
     /// driver.
     pub(super) fn own_release_by(&self, c: &Case, t_ns: u64) -> Option<(u64, Source)> {
+        self.release_seen_by(c, t_ns).map(|(t, by, _)| (t, by))
+    }
+
+    /// [`Self::own_release_by`], where it was the driver's release of a file (the hooks'
+    /// `__fput`, or a leaving after a sight in the driver's file release): it ran once every
+    /// other reference had gone. A leaving known only to come during the exit (its stacks
+    /// lost) is not: the exit also enters the driver to unmap its memory.
+    pub(super) fn closing_release_by(&self, c: &Case, t_ns: u64) -> Option<u64> {
+        self.release_seen_by(c, t_ns)
+            .filter(|(_, _, closing)| *closing)
+            .map(|(t, _, _)| t)
+    }
+
+    fn release_seen_by(&self, c: &Case, t_ns: u64) -> Option<(u64, Source, bool)> {
         if let Some(end) = c.fput_end.filter(|end| *end <= t_ns) {
-            return Some((end, Source::Fput));
+            return Some((end, Source::Fput, true));
         }
         let log = self.teardown.get(&c.inc.target.pid)?;
         let window = (c.inc.t_signal_ns, t_ns);
-        let (at, _) = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
-        Some((at, Source::LeftDriver))
+        let (at, closing) = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
+        Some((at, Source::LeftDriver, closing))
     }
 
     /// The case of a dead process (the latest, should the pid have been reused).

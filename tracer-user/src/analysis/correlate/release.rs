@@ -310,32 +310,22 @@ impl Correlator {
         if c.unaccounted.any() {
             return None;
         }
-        let (own, by) = c.kernel_release?;
+        let (own, _) = c.kernel_release?;
         let mut last = own;
         // The driver's release of the files, seen: it ran once every other reference went,
         // whatever later bound (a zombie transition) another holder's exit gave.
-        let mut closed = closes(by).then_some(own);
+        let mut closed = (self.closing_release_by(c, own) == Some(own)).then_some(own);
         for (&pid, gone) in &c.holder_gone {
             let g = (*gone)?;
             last = last.max(g);
-            if self.closed_at(pid, g) {
+            let closing = self
+                .case_of_dead(pid)
+                .is_some_and(|hc| self.closing_release_by(hc, g) == Some(g));
+            if closing {
                 closed = Some(closed.map_or(g, |t| t.max(g)));
             }
         }
         Some(closed.unwrap_or(last))
-    }
-
-    /// Whether holder `pid`'s release at `t_ns` is the driver's release of the files (the
-    /// hooks' `__fput`, or its threads leaving the driver's release).
-    fn closed_at(&self, pid: u32, t_ns: u64) -> bool {
-        let Some(hc) = self.case_of_dead(pid) else {
-            return false;
-        };
-        let release = hc
-            .kernel_release
-            .filter(|k| k.0 == t_ns)
-            .or_else(|| self.own_release_by(hc, t_ns));
-        release.is_some_and(|(t, by)| t == t_ns && closes(by))
     }
 
     /// The kernel's last release of a victim's files, once NVML confirms it: no reading since
@@ -352,11 +342,6 @@ impl Correlator {
         let t = self.last_release(c)?;
         self.memory.confirmed_back(id, t)
     }
-}
-
-/// Whether a release timed by `by` is the driver's release of the files.
-fn closes(by: Source) -> bool {
-    matches!(by, Source::Fput | Source::LeftDriver)
 }
 
 /// What linger saw processes do themselves, for telling a rise of a process's NVML figure

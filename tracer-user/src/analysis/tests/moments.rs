@@ -178,3 +178,32 @@ fn a_leaving_during_the_exit_counts_without_the_stack_of_the_sight_inside() {
     assert_eq!(gpu.files_released_by, Some(Source::LeftDriver), "{inc:?}");
     assert_eq!(back(inc), Some(300_050_000), "{inc:?}");
 }
+
+/// A job's exit unmaps its memory in the driver before its files go (its stack there lost):
+/// its leaving of the driver is its own moment, but not the driver's release of the files,
+/// which its child, the last holder, did later (without a sight). The memory is back with the
+/// child's release, never at the job's unmapping (an H100 soak, 2026-12-07: a pid namespace's
+/// job reported 32 ms before NVML's interval).
+#[test]
+fn an_exit_s_unmapping_in_the_driver_is_not_the_files_release() {
+    let mut r = Run::new();
+    r.ioctls_traced();
+    r.holder(10, 0, 1.0);
+    r.fork(10, 11, 2.0);
+    r.nvml(3.0, 5 * GIB, &[(10, 4 * GIB)]);
+    r.kill(SHELL, 10, 9, 100.0);
+    r.kill(SHELL, 11, 9, 100.01);
+    r.die_with(10, 2, 100.05, 9);
+    sample(&mut r, 100.1, SampleKind::BlockStart, -1, 0.0);
+    sample(&mut r, 100.2, SampleKind::BlockEnd, -1, 0.1);
+    sample(&mut r, 100.3, SampleKind::LeftDriver, -1, 0.1);
+    r.zombie_and_reap(10, 100.5);
+    r.die_with(11, 1, 100.6, 9);
+    r.zombie_and_reap(11, 300.0);
+    r.nvml(301.0, GIB, &[]);
+    r.tick(600.0);
+    let job = r.last_of(10);
+    assert_eq!(verdict(job), VerdictKind::Released, "{job:?}");
+    let back = back(job).expect("back");
+    assert!((300 * MS..=301 * MS).contains(&back), "{job:?}");
+}
