@@ -42,6 +42,9 @@ GAUGE_ZERO_BY_NS = 2_000_000_000
 # target: 99 % within MOMENT_NS).
 MOMENT_NS = 2_000_000
 MOMENT_MISS_SHARE = 0.01
+# A SIGKILL from the same sender this soon after the job's is of the same kill (linger's rule,
+# tracer-user/src/analysis/correlate/group.rs): such holders are victims, not holders to kill.
+SAME_KILL_NS = 50_000_000
 # Jobs killed as a whole group at once (soak.py --groups): their children are victims killed
 # with them, never holders to kill.
 GROUP_KINDS = {"killpg", "cgroup", "pidns"}
@@ -181,6 +184,13 @@ def judge_job(job, incidents, lean):
     if got & either and not how and job.kind not in GROUP_KINDS:
         # A process killed with it, alive or already dying at its death: held until then.
         allowed.add("shared_fd")
+    killed = job.row.get("t_kill_ns")
+    ends = job.row.get("t_end_ns", {})
+    if how and killed and all(job.holders.get(p, {}).get("plan") == "w" and str(p) in ends
+                              and ends[str(p)] - killed <= SAME_KILL_NS for p in got & sure):
+        # Its holders killed by the harness right after it (a supervisor's loop over a unit's
+        # processes): linger's one kill, victims letting go with their exits.
+        allowed.add("released")
     verdict = (inc.get("verdict") or {}).get("kind")
     if lean and verdict == "incomplete" and names_risers(inc):
         return [], inc
