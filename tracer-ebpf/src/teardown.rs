@@ -193,11 +193,10 @@ pub fn teardown_switch(ctx: BtfTracePointContext) -> i32 {
             });
         }
     }
-    // Preempted: where it was, for the end of its driver work.
-    if prev_state == 0 {
-        if let Some(owner) = owner_of(tgid, tid).filter(|o| *o == tgid) {
-            driver_text::sighted(&ctx, owner, tid, -1);
-        }
+    // Preempted: where it was, for the end of its driver work (its own threads only: one
+    // lookup, where `owner_of` would also look for, and forget, a driver kthread).
+    if prev_state == 0 && is_dying(tgid) {
+        driver_text::sighted(&ctx, tgid, tid, -1);
     }
     // Going to sleep (not merely preempted, nor dead for good): remember where.
     if prev_state != 0 && prev_state & TASK_DEAD == 0 {

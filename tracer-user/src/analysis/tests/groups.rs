@@ -5,30 +5,7 @@
 use crate::analysis::{correlate::Output, incident::Incident, verdict::VerdictKind};
 use crate::event::EventData;
 
-use super::run::{back, verdict, Run, GIB, MS, SHELL};
-
-/// SI_KERNEL: the kernel's own signals (a pid namespace's teardown).
-const SI_KERNEL: i32 = 0x80;
-
-/// A SIGKILL to `target`: from `sender`'s user space, or (`kernel`) the kernel's own, sent in
-/// `sender`'s context; `exiting`: the target's group had begun its exit, as the kernel says.
-fn sigkill(r: &mut Run, sender: u32, target: u32, t_ms: f64, kernel: bool, exiting: bool) {
-    let data = EventData::SignalGenerate {
-        sig: 9,
-        code: if kernel { SI_KERNEL } else { 0 },
-        // The kernel drops a signal to a group already exiting.
-        result: i32::from(exiting),
-        group: true,
-        target_exiting: exiting,
-        target_pid: target,
-        target_tid: target,
-        target_threads: 1,
-        sender_threads: 0,
-        sender_comm: if kernel { "python3" } else { "bash" }.into(),
-        target_comm: "python3".into(),
-    };
-    r.feed(sender, t_ms, data);
-}
+use super::run::{back, sigkill, verdict, Run, GIB, MS, SHELL, SI_KERNEL};
 
 /// `pid`'s SIGCHLD to `parent` (its zombie), and the parent's reap.
 fn zombie_reaped_by(r: &mut Run, pid: u32, parent: u32, t_ms: f64) {

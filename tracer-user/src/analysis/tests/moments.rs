@@ -5,7 +5,7 @@
 use crate::analysis::{incident::Source, verdict::VerdictKind};
 use crate::event::{EventData, SampleKind};
 
-use super::run::{back, verdict, Run, FILE, GIB, MS, SHELL};
+use super::run::{back, sigkill, verdict, Run, FILE, GIB, MS, SHELL};
 
 /// Stack 1: inside the RM's free of the victim's clients; stack 2: another file's release.
 fn with_stacks(r: &mut Run) {
@@ -89,35 +89,29 @@ fn a_sight_inside_the_driver_after_the_leaving_keeps_the_exit_s_end() {
     assert_eq!(back(inc), Some(332 * MS), "{inc:?}");
 }
 
-/// A container's init killed with a child holding its file: the child's exit runs the driver's
-/// release (so every other reference, the init's among them, was gone), then goes on; the
-/// init's zombie comes only after the child's exit is over. The memory is back as the child
-/// leaves the driver, not at the init's zombie.
-#[test]
-fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bounds() {
+/// Job 10 holding 4 GiB, with child 11 forked holding its file, SIGKILLed at 100 ms (its driver
+/// calls traced: the kernel's release is the moment once NVML confirms it).
+fn job_with_child() -> Run {
     let mut r = Run::new();
     r.ioctls_traced();
     r.holder(10, 0, 1.0);
     r.fork(10, 11, 2.0);
     r.nvml(3.0, 5 * GIB, &[(10, 4 * GIB)]);
     r.kill(SHELL, 10, 9, 100.0);
+    r
+}
+
+/// A container's init killed with a child holding its file: the child's exit runs the driver's
+/// release (so every other reference, the init's among them, was gone), then goes on; the
+/// init's zombie comes only after the child's exit is over. The memory is back as the child
+/// leaves the driver, not at the init's zombie.
+#[test]
+fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bounds() {
+    let mut r = job_with_child();
     with_stacks(&mut r);
     r.die_with(10, 2, 100.05, 9);
     // The kernel's kill of what is left of the namespace, in the dying init's context.
-    let zap = EventData::SignalGenerate {
-        sig: 9,
-        code: 0x80,
-        result: 0,
-        group: true,
-        target_exiting: false,
-        target_pid: 11,
-        target_tid: 11,
-        target_threads: 1,
-        sender_threads: 0,
-        sender_comm: "python3".into(),
-        target_comm: "python3".into(),
-    };
-    r.feed(10, 100.06, zap);
+    sigkill(&mut r, 10, 11, 100.06, true, false);
     r.die_with(11, 1, 100.1, 9);
     slow_exit(&mut r, 11);
     r.zombie_and_reap(10, 331.0);
@@ -186,12 +180,7 @@ fn a_leaving_during_the_exit_counts_without_the_stack_of_the_sight_inside() {
 /// job reported 32 ms before NVML's interval).
 #[test]
 fn an_exit_s_unmapping_in_the_driver_is_not_the_files_release() {
-    let mut r = Run::new();
-    r.ioctls_traced();
-    r.holder(10, 0, 1.0);
-    r.fork(10, 11, 2.0);
-    r.nvml(3.0, 5 * GIB, &[(10, 4 * GIB)]);
-    r.kill(SHELL, 10, 9, 100.0);
+    let mut r = job_with_child();
     r.kill(SHELL, 11, 9, 100.01);
     r.die_with(10, 2, 100.05, 9);
     sample(&mut r, 100.1, SampleKind::BlockStart, -1, 0.0);

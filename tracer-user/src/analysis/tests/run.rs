@@ -188,6 +188,36 @@ impl Run {
     }
 }
 
+/// SI_KERNEL: the kernel's own signals (a pid namespace's teardown).
+pub(super) const SI_KERNEL: i32 = 0x80;
+
+/// A SIGKILL to `target`: from `sender`'s user space, or (`kernel`) the kernel's own, sent in
+/// `sender`'s context; `exiting`: the target's group had begun its exit, as the kernel says.
+pub(super) fn sigkill(
+    r: &mut Run,
+    sender: u32,
+    target: u32,
+    t_ms: f64,
+    kernel: bool,
+    exiting: bool,
+) {
+    let data = EventData::SignalGenerate {
+        sig: 9,
+        code: if kernel { SI_KERNEL } else { 0 },
+        // The kernel drops a signal to a group already exiting.
+        result: i32::from(exiting),
+        group: true,
+        target_exiting: exiting,
+        target_pid: target,
+        target_tid: target,
+        target_threads: 1,
+        sender_threads: 0,
+        sender_comm: if kernel { "python3" } else { "bash" }.into(),
+        target_comm: "python3".into(),
+    };
+    r.feed(sender, t_ms, data);
+}
+
 pub(super) fn fd(op: FdOp, fd: i32, file: u64) -> EventData {
     EventData::GpuFd {
         op,
