@@ -331,11 +331,21 @@ fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
     let mut wrong = Vec::new();
     let mut first_wrong = Vec::new();
     let mut after = Vec::new();
+    // Tests run at once, each with its linger: another test's jobs are not this one's to judge
+    // (its linger may start amid their kill, their forks unseen).
+    let ours: Vec<u64> = truths
+        .iter()
+        .flat_map(|t| &t.pids)
+        .map(|p| *p as u64)
+        .collect();
     for r in records {
         if r["type"] != "incident" && r["type"] != "incident_update" {
             continue;
         }
         let pid = r["target"]["pid"].as_u64().unwrap_or(0);
+        if !ours.contains(&pid) {
+            continue;
+        }
         if r["type"] == "incident" {
             *opened.entry(pid).or_default() += 1;
         }

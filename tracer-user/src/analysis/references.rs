@@ -46,6 +46,11 @@ impl Unseen {
         self.0.values().any(|n| *n > 0)
     }
 
+    /// Whether references to `file` are among them.
+    pub fn counts(&self, file: FileId) -> bool {
+        self.0.get(&file).is_some_and(|n| *n > 0)
+    }
+
     /// Keeps the counts of the files `keep` says are still unexplained.
     pub fn retain(&mut self, mut keep: impl FnMut(FileId) -> bool) {
         self.0.retain(|f, n| *n > 0 && keep(*f));

@@ -126,15 +126,17 @@ impl Correlator {
         let comm = comm.as_str();
         let ppid = self.holders.process(pid).map_or(0, |p| p.ppid);
         let workload = self.workload_of(pid);
-        // What it was known to hold, for the cases whose files it holds, before it goes.
-        let holds_for = self.cases.held_by(pid);
-        self.co_victim_died(pid, t_ns, &holds_for);
         let how_held = self
             .holders
             .process(pid)
             .and_then(|p| p.fds.values().next().map(|f| f.how));
         let walked_ns = self.holders.walked_at(pid).unwrap_or(t_ns);
         let held = self.holders.group_died(pid);
+        // The cases whose files it held: known, or found by its walk among their unseen
+        // references.
+        self.unseen_holder_died((pid, ppid, comm), &held, t_ns);
+        let holds_for = self.cases.held_by(pid);
+        self.co_victim_died(pid, t_ns, &holds_for);
         self.holder_walked(&holds_for, &held, (pid, walked_ns));
         let files = unique_files(held.iter().map(|h| h.file));
         let id = match self.cases.no_longer_alive(pid) {
@@ -220,10 +222,6 @@ impl Correlator {
                 .unwrap_or_default();
             for holder in others {
                 self.cases.holds_for(holder, id);
-            }
-            if let Role::AliasOf(owner) = role {
-                // It held those files unseen until now: the owner's holder, found at its death.
-                self.unseen_holder_died(owner, id, ppid, t_ns);
             }
             if self.cases.get(&id).is_some_and(|c| c.gpu) {
                 self.watch_death(id, pid, t_ns, role, &files);

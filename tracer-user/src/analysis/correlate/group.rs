@@ -158,8 +158,25 @@ impl Correlator {
             c.fd_holders.iter().any(|h| {
                 c.holder_gone.get(&h.pid) == Some(&None)
                     && (h.t_dead_ns.is_some() || c.co_victims.contains_key(&h.pid))
-            })
+            }) || self.killed_with_unseen(c)
         })
+    }
+
+    /// Whether victim `c` holds references nobody known accounts for while processes of the
+    /// same kill live on: linger may not have seen them get its files (they forked before it
+    /// began), and their exits' walks will show it within milliseconds.
+    fn killed_with_unseen(&self, c: &Case) -> bool {
+        let victim = c.inc.target.pid;
+        c.unaccounted.any()
+            && self.cases.iter().any(|(_, o)| {
+                o.inc.t_group_dead_ns.is_none()
+                    && o.inc.target.pid != victim
+                    && o.signals.iter().any(|s| {
+                        s.sig == SIGKILL
+                            && !s.discarded
+                            && (same_kill(s, &c.signals) || in_teardown_of(s, victim))
+                    })
+            })
     }
 
     /// The live or dead case of holder `pid`.

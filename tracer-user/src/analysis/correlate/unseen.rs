@@ -9,40 +9,52 @@ use crate::analysis::{
 use super::Correlator;
 
 impl Correlator {
-    /// The process of case `id` died holding files of `owner`'s, which had references nobody
-    /// known accounted for: its walk's descriptors were some of them.
-    pub(super) fn unseen_holder_died(&mut self, owner: u64, id: u64, ppid: u32, t_ns: u64) {
-        let Some(dead) = self.cases.get(&id) else {
-            return;
-        };
-        let pid = dead.inc.target.pid;
-        let wanted = self
+    /// Process `pid` died holding `held` (its exit walk): the dead cases with references to
+    /// those files that nobody known accounted for count it among their holders (it got them
+    /// unseen: by fork or a socket before linger began, or by a receive no hook sees). Its
+    /// walk then recounts their references, and its release is theirs to wait for. Returns
+    /// those cases.
+    pub(super) fn unseen_holder_died(
+        &mut self,
+        (pid, ppid, comm): (u32, u32, &str),
+        held: &[HeldFile],
+        t_ns: u64,
+    ) -> Vec<u64> {
+        let ids: Vec<u64> = self
             .cases
-            .get(&owner)
-            .is_some_and(|c| c.unaccounted.any() && !c.holder_gone.contains_key(&pid));
-        if !wanted {
-            return;
+            .iter()
+            .filter(|(_, c)| {
+                c.inc.target.pid != pid
+                    && c.unaccounted.any()
+                    && !c.holder_gone.contains_key(&pid)
+                    && held
+                        .iter()
+                        .any(|h| h.refcount > 0 && c.unaccounted.counts(h.file))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        let fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
+        for id in &ids {
+            let holder = Holder {
+                pid,
+                comm: comm.to_string(),
+                ppid,
+                fds: fds.clone(),
+                how: How::Seen { t_ns },
+                t_released_ns: None,
+                t_dead_ns: None,
+                t_killed_ns: None,
+            };
+            // Killed with the victim, where the kill reached it before it let go.
+            self.co_victims_at_death(*id, std::slice::from_ref(&holder));
+            if let Some(c) = self.cases.get_mut(id) {
+                c.holder_gone.insert(pid, None);
+                c.fd_holders.push(holder);
+            }
+            self.agenda.touch(*id);
+            self.cases.holds_for(pid, *id);
         }
-        let comm = dead.inc.target.comm.clone();
-        let held: Vec<HeldFile> = dead.inc.gpu.iter().flat_map(|g| g.files.clone()).collect();
-        let Some(c) = self.cases.get_mut(&owner) else {
-            return;
-        };
-        c.unaccounted.found_in(&held);
-        let fds = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
-        c.holder_gone.insert(pid, None);
-        c.fd_holders.push(Holder {
-            pid,
-            comm,
-            ppid,
-            fds,
-            how: How::Seen { t_ns },
-            t_released_ns: None,
-            t_dead_ns: None,
-            t_killed_ns: None,
-        });
-        self.agenda.touch(owner);
-        self.cases.holds_for(pid, owner);
+        ids
     }
 
     /// A searched process's walk is in: it joins the holders of the dead cases whose files it

@@ -389,3 +389,30 @@ fn a_namespace_s_init_s_zombie_bounds_its_killed_children_s_release() {
     assert_eq!(verdict(init), VerdictKind::Released, "{init:?}");
     assert_eq!(back(init), Some(150 * MS), "{init:?}");
 }
+
+/// linger started after the job forked (its opens and forks unseen): the group killed at once
+/// dies one by one, each exit walk counting the references the others still hold. Each later
+/// death's walk accounts for those references: the memory is back with the last one's release,
+/// and no record says `shared_fd` without a holder (a CI run at 5a5d232, one test's linger
+/// started amid another's group kill).
+#[test]
+fn a_group_linger_saw_none_of_the_forks_of_is_found_holding_at_its_deaths() {
+    let mut r = Run::new();
+    for (i, pid) in [10, 11, 12].into_iter().enumerate() {
+        sigkill(&mut r, SHELL, pid, 100.0 + i as f64 / 100.0, false, false);
+    }
+    r.die_with(11, 3, 100.5, 9);
+    zombie_reaped_by(&mut r, 11, 10, 100.6);
+    r.die_with(10, 2, 101.0, 9);
+    zombie_reaped_by(&mut r, 10, SHELL, 101.1);
+    r.die_with(12, 1, 101.5, 9);
+    zombie_reaped_by(&mut r, 12, 1, 101.8);
+    r.tick(600.0);
+    assert_no_dead_holder_named(&r, &[10, 11, 12]);
+    for pid in [10, 11] {
+        let inc = r.last_of(pid);
+        assert_eq!(verdict(inc), VerdictKind::Released, "{inc:?}");
+        let last = back(r.last_of(12));
+        assert!(last.is_some() && back(inc) == last, "{pid}: {inc:?}");
+    }
+}
