@@ -321,23 +321,22 @@ impl Moments {
     }
 }
 
-/// Where the churn's or a test's records are judged wrong, in words, and the pids of the
-/// first group judged wrong.
-fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
-    let frees = std::env::var_os("LINGER_TEST_STANDIN_LOG").map(|_| standin_frees());
-    let mut moments = std::env::var_os("LINGER_TEST_SLOW_EXIT").map(|_| Moments::default());
-    let mut opened: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut last: BTreeMap<u64, &Value> = BTreeMap::new();
-    let mut wrong = Vec::new();
-    let mut first_wrong = Vec::new();
-    let mut after = Vec::new();
-    // Tests run at once, each with its linger: another test's jobs are not this one's to judge
-    // (its linger may start amid their kill, their forks unseen).
+/// Per process of the truths' groups: how many incidents opened for it and its last record,
+/// and the records wrong whatever the truth (`not_delivered`, `shared_fd` without a holder).
+/// Tests run at once, each with its linger: another test's jobs are not this one's to judge
+/// (its linger may start amid their kill, their forks unseen).
+fn tally<'a>(
+    truths: &[Truth],
+    records: &'a [Value],
+) -> (BTreeMap<u64, usize>, BTreeMap<u64, &'a Value>, Vec<String>) {
     let ours: Vec<u64> = truths
         .iter()
         .flat_map(|t| &t.pids)
         .map(|p| *p as u64)
         .collect();
+    let mut opened: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut last: BTreeMap<u64, &Value> = BTreeMap::new();
+    let mut wrong = Vec::new();
     for r in records {
         if r["type"] != "incident" && r["type"] != "incident_update" {
             continue;
@@ -359,6 +358,17 @@ fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
             wrong.push(format!("{pid}: shared_fd without a holder: {r}"));
         }
     }
+    (opened, last, wrong)
+}
+
+/// Where the churn's or a test's records are judged wrong, in words, and the pids of the
+/// first group judged wrong.
+fn judge(truths: &[Truth], records: &[Value]) -> (Vec<String>, Vec<u32>) {
+    let frees = std::env::var_os("LINGER_TEST_STANDIN_LOG").map(|_| standin_frees());
+    let mut moments = std::env::var_os("LINGER_TEST_SLOW_EXIT").map(|_| Moments::default());
+    let (opened, last, mut wrong) = tally(truths, records);
+    let mut first_wrong = Vec::new();
+    let mut after = Vec::new();
     for t in truths {
         let job = t.pids[0] as u64;
         let Some(inc) = last.get(&job) else {
