@@ -25,8 +25,11 @@ struct Open {
 /// What one record changed.
 #[derive(Debug, Default, PartialEq)]
 pub struct Change {
-    /// Seconds from the signal to the memory back, the first time a record says it is back.
+    /// Seconds from the signal to the memory back, the first time a record says it is back,
+    /// where that moment is known to 2 ms...
     pub released_after_s: Option<f64>,
+    /// ... or that the moment it said is only a bound (counted apart).
+    pub release_bounded: bool,
     /// Refused allocations not counted before.
     pub collateral: u64,
     /// Label sets whose totals may have changed.
@@ -81,7 +84,13 @@ impl Lingering {
         }
         if let (false, Some(back)) = (open.release_observed, gpu.t_memory_back_ns) {
             open.release_observed = true;
-            change.released_after_s = Some(back.saturating_sub(inc.t_signal_ns) as f64 / 1e9);
+            match gpu.known_moment() {
+                Some(_) => {
+                    change.released_after_s =
+                        Some(back.saturating_sub(inc.t_signal_ns) as f64 / 1e9)
+                }
+                None => change.release_bounded = true,
+            }
         }
         let refused = inc.collateral.len();
         change.collateral = refused.saturating_sub(open.collateral_seen) as u64;
@@ -149,6 +158,8 @@ mod tests {
             share_bytes: 5 * GIB,
             released_bytes: GIB,
             t_memory_back_ns: back,
+            // The driver's release, timed by its hooks.
+            memory_back_known_to_ns: back.map(|_| 0),
             ..Default::default()
         });
         inc.settled = settled;
@@ -192,6 +203,21 @@ mod tests {
         });
         assert_eq!(again.released_after_s, None, "observed once");
         assert!(!l.is_target(10), "a settled incident is forgotten");
+    }
+
+    /// A moment that is only a bound (a zombie transition 30 ms after the last moment it was
+    /// seen held) is counted apart, never observed as a release time.
+    #[test]
+    fn a_bound_is_no_release_time() {
+        let mut l = Lingering::default();
+        l.update(&record(1, 10, None, false), |_| labels("released"));
+        let mut bound = record(1, 10, Some(1_100_000_000), false);
+        if let Some(g) = bound.gpu.as_mut() {
+            g.memory_back_known_to_ns = None;
+            g.t_memory_held_until_ns = Some(1_070_000_000);
+        }
+        let back = l.update(&bound, |_| labels("released"));
+        assert_eq!((back.released_after_s, back.release_bounded), (None, true));
     }
 
     #[test]

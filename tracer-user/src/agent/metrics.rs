@@ -85,6 +85,7 @@ fn register_writes(registry: &mut Registry, writes: WriteErrors) {
 pub struct Metrics {
     incidents: Family<IncidentLabels, Counter>,
     release: Family<TerminationLabels, Histogram>,
+    release_bounded: Family<TerminationLabels, Counter>,
     lingering_bytes: Family<MemoryLabels, Gauge>,
     lingering_incidents: Family<MemoryLabels, Gauge>,
     unattributed: Family<GpuLabels, Gauge>,
@@ -149,6 +150,13 @@ impl Metrics {
                 Family::new_with_constructor(
                     (|| Histogram::new(release_buckets())) as fn() -> Histogram,
                 ),
+            ),
+            release_bounded: registered(
+                r,
+                "linger_release_bounded",
+                "Releases whose moment linger knows only as a bound, not to 2 ms (a zombie \
+                 transition, a final switch, an NVML reading): not in the release histogram",
+                Family::default(),
             ),
             lingering_bytes: registered(
                 r,
@@ -384,12 +392,14 @@ impl Metrics {
                 .map(|(_, l)| l.clone())
                 .unwrap_or_default()
         });
+        let termination = TerminationLabels {
+            termination: inc.termination.mode.label().into(),
+        };
         if let Some(secs) = change.released_after_s {
-            self.release
-                .get_or_create(&TerminationLabels {
-                    termination: inc.termination.mode.label().into(),
-                })
-                .observe(secs);
+            self.release.get_or_create(&termination).observe(secs);
+        }
+        if change.release_bounded {
+            self.release_bounded.get_or_create(&termination).inc();
         }
         if change.collateral > 0 {
             self.collateral

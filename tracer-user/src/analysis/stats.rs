@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::incident::moment_known;
+
 const GIB: u64 = 1 << 30;
 
 /// Boot id, incident id, t_signal_ns, target pid: one incident however many files repeat it,
@@ -29,6 +31,9 @@ pub struct Sample {
     pub share_bytes: u64,
     /// From the final signal (or the exit) to the memory back.
     pub release_ns: Option<u64>,
+    /// That moment is known to 2 ms; else it is a bound (the end of the window the memory
+    /// came back in), left out of the release figures.
+    pub release_known: bool,
     /// `escalated`: from the first signal to the group's death.
     pub stop_ns: Option<u64>,
     /// Held `--linger-after` (30 s by default) when the record was written.
@@ -55,9 +60,15 @@ impl Sample {
             return None;
         }
         let t_signal = v["t_signal_ns"].as_u64()?;
-        let release_ns = gpu["t_memory_back_ns"]
-            .as_u64()
-            .map(|t| t.saturating_sub(t_signal));
+        let back = gpu["t_memory_back_ns"].as_u64();
+        let release_ns = back.map(|t| t.saturating_sub(t_signal));
+        let release_known = back.is_some_and(|b| {
+            moment_known(
+                b,
+                gpu["memory_back_known_to_ns"].as_u64(),
+                gpu["t_memory_held_until_ns"].as_u64(),
+            )
+        });
         let termination = v["termination"]["mode"].as_str()?.to_string();
         let first = v["termination"]["signals"][0]["t_ns"].as_u64();
         let stop_ns = match (termination.as_str(), first, v["t_group_dead_ns"].as_u64()) {
@@ -80,6 +91,7 @@ impl Sample {
             wall_time: v["wall_time"].as_str().map(String::from),
             share_bytes,
             release_ns,
+            release_known,
             stop_ns,
             lingering: v["lingering"].as_bool().unwrap_or(false),
             refused: v["collateral"].as_array().map_or(0, |c| c.len() as u64),
@@ -184,6 +196,9 @@ pub struct Group {
     pub without_release: u64,
     /// ... or records the kernel lost while it was traced.
     pub with_losses: u64,
+    /// In the count, but not in the release figures: the moment is a bound, not known to
+    /// 2 ms (a zombie transition, a final switch, an NVML reading).
+    pub release_bounded: u64,
     /// Every release time in the figures, ascending, for charts.
     #[serde(skip)]
     pub release_values_ms: Vec<f64>,
@@ -219,8 +234,13 @@ fn summarize(group: String, all: &[&Sample]) -> Group {
     let ms = |ns: u64| ns as f64 / 1e6;
     let mut release_values_ms: Vec<f64> = counted
         .iter()
+        .filter(|s| s.release_known)
         .filter_map(|s| s.release_ns.map(ms))
         .collect();
+    let release_bounded = counted
+        .iter()
+        .filter(|s| s.release_ns.is_some() && !s.release_known)
+        .count() as u64;
     release_values_ms.sort_by(f64::total_cmp);
     let release_ms = Summary::of(release_values_ms.clone());
     let stop_ms = Summary::of(counted.iter().filter_map(|s| s.stop_ns.map(ms)).collect());
@@ -257,6 +277,7 @@ fn summarize(group: String, all: &[&Sample]) -> Group {
             .map(|(p, _)| p.to_string()),
         without_release,
         with_losses,
+        release_bounded,
         release_values_ms,
     }
 }
@@ -285,6 +306,7 @@ mod tests {
             wall_time: None,
             share_bytes: 4 * GIB,
             release_ns: release_ms.map(|m| m * 1_000_000),
+            release_known: true,
             stop_ns: None,
             lingering,
             refused: u64::from(id == 3),
@@ -314,6 +336,37 @@ mod tests {
         assert_eq!(g.residue_30s.bytes, 4 * GIB);
         assert!((g.collateral_share - 0.25).abs() < 1e-9);
         assert_eq!(g.dominant_phase.as_deref(), Some("rm_client"));
+    }
+
+    /// A moment known only as a bound (a window 30 ms wide) counts, but its bound is not a
+    /// release time; one that narrow or placed by the driver's release is.
+    #[test]
+    fn a_bound_is_counted_apart_from_the_release_figures() {
+        let record = |back: u64, known_to: Option<u64>| {
+            serde_json::json!({
+                "type": "incident", "id": back, "t_signal_ns": 0,
+                "target": {"pid": 7, "comm": "python3"},
+                "termination": {"mode": "kill", "signals": []},
+                "gpu": {"share_bytes": GIB, "t_memory_back_ns": back,
+                        "t_memory_held_until_ns": 10_000_000,
+                        "memory_back_known_to_ns": known_to},
+            })
+        };
+        let s: Vec<Sample> = [
+            record(40_000_000, None),
+            record(11_000_000, None),
+            record(40_000_000, Some(150_000)),
+        ]
+        .iter()
+        .filter_map(Sample::from_record)
+        .collect();
+        assert_eq!(
+            s.iter().map(|s| s.release_known).collect::<Vec<_>>(),
+            [false, true, true]
+        );
+        let g = &groups(s.iter(), By::Termination)[0];
+        assert_eq!((g.count, g.release_bounded), (3, 1));
+        assert_eq!(g.release_values_ms, [11.0, 40.0]);
     }
 
     #[test]

@@ -192,6 +192,18 @@ pub struct FunctionTime {
     pub calls: u32,
 }
 
+/// A dying process's leaving of the driver, as its threads' sights place it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leaving {
+    /// Its first sight outside the driver after the last inside.
+    pub at: u64,
+    /// That last sight inside: the leaving came between the two.
+    pub since: u64,
+    /// Whether a sight inside the driver's release of a file came before it (the release of
+    /// the file's last reference: every other holder had let go).
+    pub closing: bool,
+}
+
 /// The samples of one dying process.
 #[derive(Clone, Debug, Default)]
 pub struct TeardownLog {
@@ -255,14 +267,13 @@ impl TeardownLog {
     /// during its exit (since `dead`, its group's death: the exit enters the driver only to
     /// release files and unmap; a stack the kernel could not keep still tells inside from
     /// outside), with no sight inside the driver after it (of its threads or the driver
-    /// kthreads it woke); `(first seen outside, whether a sight in the file release came
-    /// before it)`.
+    /// kthreads it woke).
     pub fn left_driver_by(
         &self,
         stacks: &IdMap<i32, Stack>,
         (from, to): (u64, u64),
         dead: Option<u64>,
-    ) -> Option<(u64, bool)> {
+    ) -> Option<Leaving> {
         let (at, since) = self
             .left_driver
             .iter()
@@ -290,7 +301,11 @@ impl TeardownLog {
             .samples
             .iter()
             .any(|s| s.t_ns <= to && seen(at, s, &is_driver_frame));
-        ((released || in_exit) && !inside_after).then_some((at, released))
+        ((released || in_exit) && !inside_after).then_some(Leaving {
+            at,
+            since,
+            closing: released,
+        })
     }
 
     /// Phase times of thread `tid` within `[from, to]`, largest first, and the share of the

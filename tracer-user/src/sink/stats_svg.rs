@@ -128,6 +128,7 @@ mod tests {
             wall_time: None,
             share_bytes: 1 << 30,
             release_ns: Some(ms * 1_000_000),
+            release_known: true,
             stop_ns: None,
             lingering: false,
             refused: 0,

@@ -332,22 +332,34 @@ fn render_gpu(s: &mut String, inc: &Incident, gpu: &GpuImpact, anchor: &WallAnch
     render_holders(s, inc, anchor);
 }
 
+/// When the memory came back (`back`, after the signal): `at` it where the moment is known
+/// to 2 ms, else between the last moment it was seen held and that bound.
+fn when_back(inc: &Incident, gpu: &GpuImpact, back: u64, at: &str) -> String {
+    match (gpu.known_moment(), gpu.t_memory_held_until_ns) {
+        (None, Some(held)) => format!(
+            "between +{} and +{}",
+            ms(inc.ms_after_signal(held)),
+            ms(inc.ms_after_signal(back))
+        ),
+        _ => format!("{at}+{}", ms(inc.ms_after_signal(back))),
+    }
+}
+
 /// When the memory and the files came back, or that they have not.
 fn gpu_steps(inc: &Incident, gpu: &GpuImpact) -> Vec<String> {
     let mut steps = Vec::new();
     match (gpu.t_memory_back_ns, gpu.memory_back_by) {
-        (Some(t), Some(Source::Nvml)) => steps.push(format!(
-            "memory back at +{} (NVML)",
-            ms(inc.ms_after_signal(t))
-        )),
-        (Some(t), Some(Source::Confirmed)) => steps.push(format!(
-            "memory back at +{} (kernel; NVML no longer lists it)",
-            ms(inc.ms_after_signal(t))
-        )),
-        (Some(t), _) => steps.push(format!(
-            "memory back at +{} (kernel: no NVML to confirm)",
-            ms(inc.ms_after_signal(t))
-        )),
+        (Some(t), by) => {
+            let by = match by {
+                Some(Source::Nvml) => "NVML",
+                Some(Source::Confirmed) => "kernel; NVML no longer lists it",
+                _ => "kernel: no NVML to confirm",
+            };
+            steps.push(format!(
+                "memory back {} ({by})",
+                when_back(inc, gpu, t, "at ")
+            ));
+        }
         (None, _) if inc.t_group_dead_ns.is_some() => {
             let held = if gpu.released_bytes > 0 {
                 format!(
@@ -478,10 +490,11 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
         } else {
             format!(", once {} let go", holders.join(", "))
         };
-        parts.push(format!(
-            "GPU memory back {} after {after}{once}",
-            ms(inc.ms_after_signal(b))
-        ));
+        let when = gpu.map_or_else(
+            || format!("+{}", ms(inc.ms_after_signal(b))),
+            |g| when_back(inc, g, b, ""),
+        );
+        parts.push(format!("GPU memory back {when} after {after}{once}"));
     } else if let Some(g) = gpu {
         let still: Vec<String> = inc
             .holders
@@ -601,6 +614,30 @@ mod tests {
             lean.starts_with("GPU ioctls; opens, dups and closes of GPU files; wait4"),
             "{lean}"
         );
+    }
+
+    /// A moment known to 2 ms is said as one; a bound as the window from the last moment
+    /// the memory was seen held.
+    #[test]
+    fn a_bound_is_said_as_the_window_it_leaves() {
+        let target = Target {
+            pid: 10,
+            comm: "python3".into(),
+            threads: 1,
+            workload: None,
+        };
+        let inc = Incident::new(1, target, 1_000_000_000);
+        let mut gpu = GpuImpact {
+            t_memory_back_ns: Some(1_040_000_000),
+            t_memory_held_until_ns: Some(1_010_000_000),
+            ..Default::default()
+        };
+        assert_eq!(
+            when_back(&inc, &gpu, 1_040_000_000, "at "),
+            "between +10.0 ms and +40.0 ms"
+        );
+        gpu.memory_back_known_to_ns = Some(100_000);
+        assert_eq!(when_back(&inc, &gpu, 1_040_000_000, "at "), "at +40.0 ms");
     }
 
     /// Memory on two GPUs, GPU0's part back and GPU1's held: a line for each.

@@ -9,6 +9,7 @@ use crate::analysis::{
     },
     memory::{Residual, Role},
     references::{self, Unseen},
+    teardown::Leaving,
     termination::SignalSent,
 };
 use crate::event::Event;
@@ -509,7 +510,7 @@ impl Correlator {
     /// end of its exit says: the driver hooks' last `__fput`, else its threads' leaving of the
     /// driver.
     pub(super) fn own_release_by(&self, c: &Case, t_ns: u64) -> Option<(u64, Source)> {
-        self.release_seen_by(c, t_ns).map(|(t, by, _)| (t, by))
+        self.release_seen_by(c, t_ns).map(|(l, by)| (l.at, by))
     }
 
     /// [`Self::own_release_by`], where it was the driver's release of a file (the hooks'
@@ -518,18 +519,41 @@ impl Correlator {
     /// lost) is not: the exit also enters the driver to unmap its memory.
     pub(super) fn closing_release_by(&self, c: &Case, t_ns: u64) -> Option<u64> {
         self.release_seen_by(c, t_ns)
-            .filter(|(_, _, closing)| *closing)
-            .map(|(t, _, _)| t)
+            .filter(|(l, _)| l.closing)
+            .map(|(l, _)| l.at)
     }
 
-    fn release_seen_by(&self, c: &Case, t_ns: u64) -> Option<(u64, Source, bool)> {
+    /// How closely the driver's own free is known where the kernel's release at `back` (case
+    /// `c`'s own, or one of its holders') is the moment: exactly where the hooks timed it, to
+    /// the time since the last sight inside the driver where its threads' leaving placed it;
+    /// None where `back` is a bound (a zombie transition, a final switch).
+    pub(super) fn moment_known_to(&self, c: &Case, back: u64) -> Option<u64> {
+        let holders = c
+            .holder_gone
+            .keys()
+            .filter_map(|&pid| self.case_of_dead(pid));
+        std::iter::once(c)
+            .chain(holders)
+            .filter_map(|x| self.release_seen_by(x, back))
+            .find(|(l, _)| l.at == back)
+            .map(|(l, _)| l.at - l.since)
+    }
+
+    /// The last release of case `c`'s files by `t_ns` that the hooks (`__fput`) or its
+    /// threads' sights place.
+    fn release_seen_by(&self, c: &Case, t_ns: u64) -> Option<(Leaving, Source)> {
         if let Some(end) = c.fput_end.filter(|end| *end <= t_ns) {
-            return Some((end, Source::Fput, true));
+            let exact = Leaving {
+                at: end,
+                since: end,
+                closing: true,
+            };
+            return Some((exact, Source::Fput));
         }
         let log = self.teardown.get(&c.inc.target.pid)?;
         let window = (c.inc.t_signal_ns, t_ns);
-        let (at, closing) = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
-        Some((at, Source::LeftDriver, closing))
+        let leaving = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
+        Some((leaving, Source::LeftDriver))
     }
 
     /// The case of a dead process (the latest, should the pid have been reused).

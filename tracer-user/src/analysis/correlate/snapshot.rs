@@ -244,6 +244,10 @@ impl Correlator {
         gpu.t_memory_back_ns = back.map(|b| b.0);
         gpu.memory_back_by = back.map(|b| b.1);
         gpu.t_memory_held_until_ns = held.map(|h| h.0);
+        gpu.memory_back_known_to_ns = match back {
+            Some((b, Source::Confirmed | Source::Kernel)) => self.moment_known_to(c, b),
+            _ => None,
+        };
         let held_elsewhere = !c.fd_holders.is_empty()
             || c.unaccounted.any()
             || w.is_some_and(|w| w.residuals().next().is_some());

@@ -268,6 +268,12 @@ pub struct GpuImpact {
     /// between this and `t_memory_back_ns`, an upper bound (the rest of an exit, or the next
     /// NVML reading, can come tens of milliseconds after the device's own return).
     pub t_memory_held_until_ns: Option<u64>,
+    /// How closely `t_memory_back_ns` is the driver's own free, where the kernel's release
+    /// decided: 0 where the driver hooks timed the end of its release, the time since the
+    /// last sight inside the driver where the dying threads' leaving placed it; None where
+    /// the moment is a bound (a zombie transition, a final switch, NVML's reading), the return
+    /// then somewhere from `t_memory_held_until_ns` on.
+    pub memory_back_known_to_ns: Option<u64>,
     /// Bytes of its share seen back so far (less than the share while importers hold some).
     pub released_bytes: u64,
     /// When the target's own last reference to its GPU files went (its exit path's release).
@@ -291,6 +297,31 @@ pub struct GpuImpact {
 }
 
 /// One GPU's part of a death's memory.
+/// How close to the driver's own free a reported moment must be known for the figures (the
+/// agent's release histogram, `linger stats`) to use it; the others are bounds, counted apart.
+pub const MOMENT_KNOWN_NS: u64 = 2_000_000;
+
+impl GpuImpact {
+    /// When the memory was back, where that is known to [`MOMENT_KNOWN_NS`].
+    pub fn known_moment(&self) -> Option<u64> {
+        let back = self.t_memory_back_ns?;
+        moment_known(
+            back,
+            self.memory_back_known_to_ns,
+            self.t_memory_held_until_ns,
+        )
+        .then_some(back)
+    }
+}
+
+/// Whether a moment the memory was back (`back`) is known to [`MOMENT_KNOWN_NS`]: the kernel's
+/// release placed that closely (`known_to`), or the window from the last moment it was seen
+/// held (`held_until`) that narrow.
+pub fn moment_known(back: u64, known_to: Option<u64>, held_until: Option<u64>) -> bool {
+    known_to.is_some_and(|k| k <= MOMENT_KNOWN_NS)
+        || held_until.is_some_and(|h| back.saturating_sub(h) <= MOMENT_KNOWN_NS)
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuPart {
     /// NVML's index; null where NVML does not read (or gave no minor numbers).

@@ -72,6 +72,9 @@ fn the_release_is_the_leaving_of_the_driver_not_the_exit_s_end() {
     assert_eq!(gpu.files_released_by, Some(Source::LeftDriver), "{inc:?}");
     assert_eq!(gpu.t_files_released_ns, Some(300_050_000));
     assert_eq!(back(inc), Some(300_050_000), "{inc:?}");
+    // Known to the time since its last sight inside: the figures use it.
+    assert_eq!(gpu.memory_back_known_to_ns, Some(50_000), "{inc:?}");
+    assert_eq!(gpu.known_moment(), back(inc));
 }
 
 /// A thread seen inside the driver after the last leaving recorded (a free no sight ended,
@@ -87,6 +90,9 @@ fn a_sight_inside_the_driver_after_the_leaving_keeps_the_exit_s_end() {
     let gpu = inc.gpu.as_ref().expect("gpu");
     assert_eq!(gpu.files_released_by, Some(Source::Zombie), "{inc:?}");
     assert_eq!(back(inc), Some(332 * MS), "{inc:?}");
+    // A bound, from the last sight inside the RM's free (1 ms before it).
+    assert_eq!(gpu.memory_back_known_to_ns, None, "{inc:?}");
+    assert_eq!(gpu.t_memory_held_until_ns, Some(331 * MS), "{inc:?}");
 }
 
 /// Job 10 holding 4 GiB, with child 11 forked holding its file, SIGKILLed at 100 ms (its driver
@@ -151,6 +157,7 @@ fn with_driver_hooks_the_moment_is_the_driver_s_release_not_the_fput_s_end() {
     assert_eq!(gpu.files_released_by, Some(Source::Fput), "{inc:?}");
     assert_eq!(gpu.t_files_released_ns, Some(300 * MS), "{inc:?}");
     assert_eq!(back(inc), Some(300 * MS), "{inc:?}");
+    assert_eq!(gpu.memory_back_known_to_ns, Some(0), "exact: {inc:?}");
 }
 
 /// The kernel could not keep the stack of the sleep in the driver (a full stack map, bursts

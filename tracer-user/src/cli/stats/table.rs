@@ -79,12 +79,21 @@ pub fn text(rows: &[Group], by: By, files: usize) -> String {
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
     let apart: u64 = rows.iter().map(|g| g.without_release + g.with_losses).sum();
+    let bounded: u64 = rows.iter().map(|g| g.release_bounded).sum();
     let _ = writeln!(
         s,
         "{} GPU incident(s) from {files} file(s); release: from the final fatal signal (or the \
          exit) to the memory back; residue: not back after 1 s / 30 s; collateral: incidents \
-         during which other allocations were refused (how many){}",
+         during which other allocations were refused (how many){}{}",
         rows.iter().map(|g| g.count).sum::<u64>(),
+        if bounded > 0 {
+            format!(
+                "; the release figures leave out {bounded} whose moment is only a bound, not \
+                 known to 2 ms"
+            )
+        } else {
+            String::new()
+        },
         if apart > 0 {
             format!("; {apart} apart, not in the figures (no release time yet, or kernel losses)")
         } else {
@@ -98,7 +107,7 @@ pub fn csv(rows: &[Group]) -> String {
     let mut s = String::from(
         "group,count,release_mean_ms,release_sd_ms,release_p50_ms,release_p95_ms,\
          release_max_ms,residue_1s,residue_30s,residue_30s_bytes,collateral_share,\
-         refused_allocations,dominant_phase,without_release,with_losses\n",
+         refused_allocations,dominant_phase,without_release,with_losses,release_bounded\n",
     );
     for g in rows {
         let r = |f: fn(&Summary) -> f64| {
@@ -108,7 +117,7 @@ pub fn csv(rows: &[Group]) -> String {
         };
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{}",
+            "{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{},{}",
             csv_field(&g.group),
             g.count,
             r(|s| s.mean),
@@ -123,7 +132,8 @@ pub fn csv(rows: &[Group]) -> String {
             g.refused_allocations,
             g.dominant_phase.clone().unwrap_or_default(),
             g.without_release,
-            g.with_losses
+            g.with_losses,
+            g.release_bounded
         );
     }
     s
