@@ -548,6 +548,12 @@ impl Drop for FdScenario {
 /// and the evidence line that states it), added 2026-12-06. Taken out of `replayed` where
 /// `logged` has no such field, so that replay = live holds for older recordings.
 pub fn without_newer_window(replayed: &mut Value, logged: &Value) {
+    // How closely the moment is known (issue 58, 2026-12-07).
+    if logged["gpu"].get("memory_back_known_to_ns").is_none() {
+        if let Some(gpu) = replayed.get_mut("gpu").and_then(Value::as_object_mut) {
+            gpu.remove("memory_back_known_to_ns");
+        }
+    }
     if logged["gpu"].get("t_memory_held_until_ns").is_some() {
         return;
     }
