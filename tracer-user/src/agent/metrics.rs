@@ -26,7 +26,7 @@ use super::labels::{
     WorkloadLabels, XidLabels,
 };
 use super::{
-    lingering::{Lingering, Memory},
+    lingering::{Change, Lingering, Memory},
     node::Host,
 };
 use crate::{
@@ -82,10 +82,50 @@ fn register_writes(registry: &mut Registry, writes: WriteErrors) {
     );
 }
 
+/// The releases' times: in the histogram where the moment is known to 2 ms, else counted.
+struct Releases {
+    known: Family<TerminationLabels, Histogram>,
+    bounded: Family<TerminationLabels, Counter>,
+}
+
+impl Releases {
+    fn registered(r: &mut Registry) -> Self {
+        Self {
+            known: registered(
+                r,
+                "linger_release_duration_seconds",
+                "From the fatal signal (or the exit) to the GPU memory back on the device",
+                Family::new_with_constructor(
+                    (|| Histogram::new(release_buckets())) as fn() -> Histogram,
+                ),
+            ),
+            bounded: registered(
+                r,
+                "linger_release_bounded",
+                "Releases whose moment linger knows only as a bound, not to 2 ms (a zombie \
+                 transition, a final switch, an NVML reading): not in the release histogram",
+                Family::default(),
+            ),
+        }
+    }
+
+    /// What `inc`'s record changed of its release, once.
+    fn observe(&self, inc: &Incident, change: &Change) {
+        let termination = TerminationLabels {
+            termination: inc.termination.mode.label().into(),
+        };
+        if let Some(secs) = change.released_after_s {
+            self.known.get_or_create(&termination).observe(secs);
+        }
+        if change.release_bounded {
+            self.bounded.get_or_create(&termination).inc();
+        }
+    }
+}
+
 pub struct Metrics {
     incidents: Family<IncidentLabels, Counter>,
-    release: Family<TerminationLabels, Histogram>,
-    release_bounded: Family<TerminationLabels, Counter>,
+    releases: Releases,
     lingering_bytes: Family<MemoryLabels, Gauge>,
     lingering_incidents: Family<MemoryLabels, Gauge>,
     unattributed: Family<GpuLabels, Gauge>,
@@ -143,21 +183,7 @@ impl Metrics {
                 "Process deaths linger reported, by termination mode and first verdict",
                 Family::default(),
             ),
-            release: registered(
-                r,
-                "linger_release_duration_seconds",
-                "From the fatal signal (or the exit) to the GPU memory back on the device",
-                Family::new_with_constructor(
-                    (|| Histogram::new(release_buckets())) as fn() -> Histogram,
-                ),
-            ),
-            release_bounded: registered(
-                r,
-                "linger_release_bounded",
-                "Releases whose moment linger knows only as a bound, not to 2 ms (a zombie \
-                 transition, a final switch, an NVML reading): not in the release histogram",
-                Family::default(),
-            ),
+            releases: Releases::registered(r),
             lingering_bytes: registered(
                 r,
                 "linger_gpu_memory_lingering_bytes",
@@ -392,15 +418,7 @@ impl Metrics {
                 .map(|(_, l)| l.clone())
                 .unwrap_or_default()
         });
-        let termination = TerminationLabels {
-            termination: inc.termination.mode.label().into(),
-        };
-        if let Some(secs) = change.released_after_s {
-            self.release.get_or_create(&termination).observe(secs);
-        }
-        if change.release_bounded {
-            self.release_bounded.get_or_create(&termination).inc();
-        }
+        self.releases.observe(inc, &change);
         if change.collateral > 0 {
             self.collateral
                 .get_or_create(&self.gpu_labels(inc.gpu.as_ref().and_then(|g| g.index)))
