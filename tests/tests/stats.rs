@@ -61,9 +61,32 @@ fn stats(args: &[&str], inputs: &[PathBuf]) -> (Value, String) {
     (json, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Per termination mode: (count, mean release ms, share not back after 1 s), from the last
-/// record of each GPU incident with memory of its own, a release time and no record losses.
-fn expected(files: &[PathBuf]) -> BTreeMap<String, (u64, f64, f64)> {
+/// What `linger stats` must say of one termination mode.
+struct Want {
+    count: u64,
+    /// The mean of the release times known to 2 ms; None without any.
+    mean: Option<f64>,
+    /// Of those counted, the release times that are only bounds.
+    bounded: u64,
+    /// The share not back after 1 s (bounds included).
+    over_1s: f64,
+}
+
+/// Whether a record's release time is known to 2 ms: placed that closely by the kernel's
+/// release (`memory_back_known_to_ns`), or in a window that narrow; else a bound.
+fn known(gpu: &Value, back: u64) -> bool {
+    let placed = gpu["memory_back_known_to_ns"]
+        .as_u64()
+        .is_some_and(|k| k <= 2_000_000);
+    let narrow = gpu["t_memory_held_until_ns"]
+        .as_u64()
+        .is_some_and(|h| back.saturating_sub(h) <= 2_000_000);
+    placed || narrow
+}
+
+/// Per termination mode, from the last record of each GPU incident with memory of its own, a
+/// release time and no record losses.
+fn expected(files: &[PathBuf]) -> BTreeMap<String, Want> {
     let mut last: BTreeMap<(u64, u64, u64), Value> = BTreeMap::new();
     for f in files {
         for line in String::from_utf8(decompressed(f)).expect("UTF-8").lines() {
@@ -79,7 +102,8 @@ fn expected(files: &[PathBuf]) -> BTreeMap<String, (u64, f64, f64)> {
             last.insert(key, r);
         }
     }
-    let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // (every release time, those known)
+    let mut by: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for r in last.values() {
         let share = r["gpu"]["share_bytes"].as_u64().unwrap_or(0);
         let back = r["gpu"]["t_memory_back_ns"].as_u64();
@@ -90,37 +114,54 @@ fn expected(files: &[PathBuf]) -> BTreeMap<String, (u64, f64, f64)> {
             continue;
         };
         let ms = (back - r["t_signal_ns"].as_u64().expect("t")) as f64 / 1e6;
-        by.entry(r["termination"]["mode"].as_str().expect("mode").into())
-            .or_default()
-            .push(ms);
+        let e = by
+            .entry(r["termination"]["mode"].as_str().expect("mode").into())
+            .or_default();
+        e.0.push(ms);
+        if known(&r["gpu"], back) {
+            e.1.push(ms);
+        }
     }
     by.into_iter()
-        .map(|(mode, v)| {
-            let n = v.len() as f64;
-            let over = v.iter().filter(|&&m| m > 1000.0).count() as f64;
-            (mode, (v.len() as u64, v.iter().sum::<f64>() / n, over / n))
+        .map(|(mode, (all, known))| {
+            let n = all.len() as f64;
+            let over = all.iter().filter(|&&m| m > 1000.0).count() as f64;
+            let want = Want {
+                count: all.len() as u64,
+                mean: (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64),
+                bounded: (all.len() - known.len()) as u64,
+                over_1s: over / n,
+            };
+            (mode, want)
         })
         .collect()
 }
 
 /// `report`'s groups have the figures of `want` (from [`expected`]).
-fn assert_figures(report: &Value, want: &BTreeMap<String, (u64, f64, f64)>) {
+fn assert_figures(report: &Value, want: &BTreeMap<String, Want>) {
     let groups = report["groups"].as_array().expect("groups");
     assert_eq!(groups.len(), want.len(), "{report}");
     for g in groups {
         let mode = g["group"].as_str().expect("group");
-        let (n, mean, over_1s) = want[mode];
-        assert_eq!(g["count"], n, "{mode}");
-        let got = g["release_ms"]["mean"].as_f64().expect("mean");
-        assert!((got - mean).abs() < 1e-6, "{mode}: {got} vs {mean}");
+        let w = &want[mode];
+        assert_eq!(g["count"], w.count, "{mode}");
+        assert_eq!(g["release_bounded"], w.bounded, "{mode}");
+        match w.mean {
+            Some(mean) => {
+                let got = g["release_ms"]["mean"].as_f64().expect("mean");
+                assert!((got - mean).abs() < 1e-6, "{mode}: {got} vs {mean}");
+                for k in ["sd", "p50", "p95", "max"] {
+                    assert!(g["release_ms"][k].is_number(), "{mode} {k}");
+                }
+            }
+            None => assert!(g["release_ms"].is_null(), "{mode}: {g}"),
+        }
         let residue = g["residue_1s"]["share"].as_f64().expect("residue");
         assert!(
-            (residue - over_1s).abs() < 1e-9,
-            "{mode}: {residue} vs {over_1s}"
+            (residue - w.over_1s).abs() < 1e-9,
+            "{mode}: {residue} vs {}",
+            w.over_1s
         );
-        for k in ["sd", "p50", "p95", "max"] {
-            assert!(g["release_ms"][k].is_number(), "{mode} {k}");
-        }
         assert!(g["collateral_share"].is_number() && g["residue_30s"]["share"].is_number());
     }
 }
@@ -361,21 +402,24 @@ fn damaged_inputs_are_reported_and_skipped() {
 }
 
 #[test]
-fn the_svg_has_a_dot_per_incident_and_never_overwrites_unasked() {
+fn the_svg_has_a_dot_per_known_release_and_never_overwrites_unasked() {
     let dir = TempDir::new("stats-svg");
     let tmp = dir.path();
     let svg = tmp.join("release.svg");
     let _ = std::fs::remove_file(&svg);
-    let files = live_logs(tmp, &["pass15"]);
+    // The campaign's recordings: most of their release times are known to 2 ms.
+    let files = vec![h200().join("campaign")];
     let mut args = vec!["--json", "--svg", svg.to_str().expect("UTF-8")];
     let (report, _) = stats(&args, &files);
     let text = std::fs::read_to_string(&svg).expect("the SVG");
+    // A dot per release time known to 2 ms (bounds are counted apart).
     let dots: u64 = report["groups"]
         .as_array()
         .expect("groups")
         .iter()
-        .map(|g| g["count"].as_u64().expect("count"))
+        .map(|g| g["count"].as_u64().expect("count") - g["release_bounded"].as_u64().expect("n"))
         .sum();
+    assert!(dots > 0, "{report}");
     assert_eq!(text.matches("<circle").count() as u64, dots);
     let again = Command::new(linger())
         .arg("stats")
