@@ -552,7 +552,12 @@ impl Correlator {
         }
         let log = self.teardown.get(&c.inc.target.pid)?;
         let window = (c.inc.t_signal_ns, t_ns);
-        let leaving = log.left_driver_by(&self.stacks, window, c.inc.t_group_dead_ns)?;
+        let dead = c.inc.t_group_dead_ns;
+        let mut leaving = log.left_driver_by(&self.stacks, window, dead)?;
+        // Its stacks lost, a leaving during its exit is still the driver's file release where
+        // its exit walk showed it the last holder of a GPU file: that release is the last thing
+        // of its exit to enter the driver (its memory's unmapping comes before it).
+        leaving.closing |= dead.is_some_and(|d| leaving.since >= d) && sole_holder(c);
         Some((leaving, Source::LeftDriver))
     }
 
@@ -627,4 +632,14 @@ fn unique_files(files: impl Iterator<Item = FileId>) -> Vec<FileId> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// Whether case `c`'s exit walk showed it the only holder of one of its GPU files: that file's
+/// references were its own descriptors' (a GPU file's count is one per descriptor, FACTS).
+fn sole_holder(c: &Case) -> bool {
+    let files = c.inc.gpu.iter().flat_map(|g| &g.files);
+    files.clone().any(|f| {
+        let own = files.clone().filter(|g| g.file == f.file).count() as u64;
+        references::is_gpu_node(f.dev) && f.refcount == own
+    })
 }

@@ -129,6 +129,30 @@ fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bou
     assert_eq!(back(init), Some(300_050_000), "{init:?}");
 }
 
+/// The same, the kernel having lost the stacks of the child's sleep in the driver (a full
+/// stack map under churn: 7 of 661 pid namespace kills 40 ms late in a loaded CI rehearsal,
+/// 2026-12-07): its exit walk showed it the last holder of the file, so the driver's release
+/// ran in its exit, and its leaving of the driver during the exit is that release's end.
+#[test]
+fn the_last_holder_s_leaving_is_the_moment_without_the_stacks_of_its_sleep() {
+    let mut r = job_with_child();
+    with_stacks(&mut r);
+    r.die_with(10, 2, 100.05, 9);
+    sigkill(&mut r, 10, 11, 100.06, true, false);
+    r.die_with(11, 1, 100.1, 9);
+    sample_of(&mut r, 11, 100.2, SampleKind::BlockStart, -1, 0.0);
+    sample_of(&mut r, 11, 300.0, SampleKind::BlockEnd, -1, 199.8);
+    sample_of(&mut r, 11, 300.05, SampleKind::LeftDriver, 2, 0.05);
+    sample_of(&mut r, 11, 300.05, SampleKind::BlockStart, 2, 0.0);
+    sample_of(&mut r, 11, 330.0, SampleKind::BlockEnd, 2, 29.95);
+    r.zombie_and_reap(10, 331.0);
+    sample_of(&mut r, 11, 331.5, SampleKind::Exited, -1, 0.0);
+    r.nvml(332.0, GIB, &[]);
+    r.tick(600.0);
+    let init = r.last_of(10);
+    assert_eq!(back(init), Some(300_050_000), "{init:?}");
+}
+
 /// Where the driver's functions are hooked, the moment is the end of its release inside the
 /// last `__fput` of a GPU file: the rest of `__fput` was preempted for 8.5 ms in the VM
 /// (6.12 guest, kprobes, 2026-12-07) after the stand-in's free.
