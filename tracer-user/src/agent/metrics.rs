@@ -341,14 +341,15 @@ impl Metrics {
                 source: XidSource::Kmsg,
                 ..
             } if self.xid_tracepoint => {}
-            EventData::GpuXid { xid, pci, .. } => {
+            EventData::GpuXid {
+                xid, pci, message, ..
+            } => {
                 let gpu = gpu_errors::device(self.gpus.values(), pci).map(|g| g.index);
                 self.gpu_errors
                     .get_or_create(&XidLabels {
                         gpu: self.gpu_labels(gpu),
                         xid: xid.to_string(),
-                        action: xid_catalog::entry(*xid)
-                            .and_then(|e| e.action)
+                        action: xid_catalog::action(*xid, message)
                             .unwrap_or_default()
                             .to_string(),
                     })
