@@ -572,6 +572,8 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Stacks => "stacks",
         LossKind::FdWalk => "fd_walk",
         LossKind::Calls => "calls",
+        LossKind::AsleepStacks => "asleep_stacks",
+        LossKind::Asleep => "asleep",
     }
 }
 
