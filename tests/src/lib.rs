@@ -95,6 +95,38 @@ pub fn stand_in_device(dir: &Path) -> PathBuf {
 }
 
 /// Tests that load eBPF programs need root; say so plainly instead of failing further on.
+/// Where tests that could not build their environment say so: `cargo xtask test` prints it
+/// at its end (the test runner hides a passing test's own output).
+pub fn skips_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-skips.txt")
+}
+
+/// The calling test cannot build the environment it tests here (`reason`): under CI
+/// (`CI=true`) that fails it; elsewhere it ends early, saying why in [`skips_file`].
+pub fn cannot_run_here(reason: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    cannot_run(reason, ci, &skips_file());
+}
+
+fn cannot_run(reason: &str, ci: bool, skips: &Path) {
+    if ci {
+        panic!("{reason}: CI must give this test what it needs");
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let line = format!("{test}: {reason}\n");
+    eprint!("not run: {line}");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skips);
+    if let Ok(mut file) = file {
+        let _ = file.write_all(line.as_bytes());
+    }
+}
+
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -585,4 +617,20 @@ pub fn without_older_hint(replayed: &mut Value, logged: &Value) {
         "the hint once every holder let go: {new}"
     );
     replayed["verdict"]["hint"] = logged["verdict"]["hint"].clone();
+}
+
+#[cfg(test)]
+mod tests {
+    /// Under CI a test that cannot run fails; elsewhere it says why in the skips file.
+    #[test]
+    fn a_test_that_cannot_run_fails_under_ci_and_says_why_elsewhere() {
+        let dir = super::TempDir::new("skips");
+        let skips = dir.join("skips.txt");
+        let failed = std::panic::catch_unwind(|| super::cannot_run("no widget here", true, &skips));
+        assert!(failed.is_err());
+        assert!(!skips.exists());
+        super::cannot_run("no widget here", false, &skips);
+        let said = std::fs::read_to_string(&skips).expect("the skips file");
+        assert!(said.contains("no widget here"), "{said}");
+    }
 }

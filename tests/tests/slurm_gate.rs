@@ -406,12 +406,16 @@ impl Drop for Cluster {
     }
 }
 
-/// Whether Slurm's cgroup/v1 plugin can run here (a v1 freezer); said when not. Slurm 22.05's
-/// cgroup/v2 needs systemd to make its scope, so the tests configure v1.
+/// Whether Slurm's cgroup/v1 plugin can run here (a v1 freezer); when not, the test cannot run
+/// (a failure under CI, said locally). Slurm 22.05's cgroup/v2 needs systemd to make its scope,
+/// so the tests configure v1.
 fn cgroup_v1_freezer() -> bool {
     let here = Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists();
     if !here {
-        println!("no cgroup v1 freezer here: proctrack/cgroup not tried, the pgid run stays");
+        linger_tests::cannot_run_here(
+            "no cgroup v1 freezer here (a pure cgroup v2 machine): Slurm's proctrack/cgroup \
+             and task/cgroup are not tried",
+        );
     }
     here
 }

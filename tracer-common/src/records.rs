@@ -385,6 +385,12 @@ stable_ids! {
         /// A driver or library call under way (its entry's arguments or time, kept for its
         /// return): the call is then not decoded or not timed.
         Calls = 8,
+        /// A GPU holder's thread asleep uninterruptibly: its kernel stack (the stuck watch then
+        /// reads it from /proc, or reports the thread without it).
+        AsleepStacks = 9,
+        /// A GPU holder's thread asleep uninterruptibly: the sleep itself (that thread is not
+        /// watched for being stuck).
+        Asleep = 10,
     }
 }
 

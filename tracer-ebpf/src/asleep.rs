@@ -43,7 +43,7 @@ pub fn note_if_holder_asleep<C: StackIdContext>(ctx: &C, prev_state: u32) {
     let stack_id = match ctx.get_stackid(&ASLEEP_STACKS, 0) {
         Ok(id) => id as i32,
         Err(_) => {
-            count_loss(Loss::Stacks);
+            count_loss(Loss::AsleepStacks);
             -1
         }
     };
@@ -54,6 +54,6 @@ pub fn note_if_holder_asleep<C: StackIdContext>(ctx: &C, prev_state: u32) {
         switches: Task::current().voluntary_switches(),
     };
     if HOLDERS_ASLEEP.insert(tid, asleep, 0).is_err() {
-        count_loss(Loss::Blocked);
+        count_loss(Loss::Asleep);
     }
 }

@@ -337,6 +337,12 @@ pub enum LossKind {
     FdWalk,
     /// Driver and library calls under way: not decoded or not timed at their return.
     Calls,
+    /// The kernel stacks of GPU holders' uninterruptible sleeps (the stuck watch's map full):
+    /// a stuck thread is still reported, its stack read from /proc or said lost.
+    AsleepStacks,
+    /// GPU holders' uninterruptible sleeps not recorded: those threads are not watched for
+    /// being stuck.
+    Asleep,
 }
 
 impl LossKind {
@@ -371,6 +377,8 @@ impl From<tracer_common::Loss> for LossKind {
             K::Stacks => Self::Stacks,
             K::FdWalk => Self::FdWalk,
             K::Calls => Self::Calls,
+            K::AsleepStacks => Self::AsleepStacks,
+            K::Asleep => Self::Asleep,
         }
     }
 }

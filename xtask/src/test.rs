@@ -42,6 +42,9 @@ pub fn run(args: &[String]) -> Result<()> {
         vm::install(&["qemu-user-static"])?;
     }
     let debian_root = crate::debian::systemd_root()?;
+    // Tests that cannot build their environment here say so in this file (tests/src/lib.rs).
+    let skips = build::workspace_root().join("target/test-skips.txt");
+    let _ = std::fs::remove_file(&skips);
     let mut cargo = build::cargo()?;
     // Every test binary runs even when an earlier one failed: all results are wanted. Locked:
     // a Cargo.lock that no longer matches the manifests fails rather than being rewritten.
@@ -63,6 +66,9 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("LINGER_DEBIAN_ROOT", debian_root)
         .env("PATH", front_of_path(&python)?);
     let counts = cargo_test(&mut cargo);
+    if let Ok(said) = std::fs::read_to_string(&skips) {
+        eprintln!("xtask test: tests that could not run here, and why:\n{said}");
+    }
     // A filtered run (`cargo xtask test NAME`) is for iterating on cargo tests only.
     if !args.is_empty() {
         eprintln!("xtask test: the VM test does not run with a filter (cargo xtask vm runs it)");

@@ -132,6 +132,22 @@ impl Lingering {
         labels
     }
 
+    /// What each open incident holds on GPU `gpu` (its index label): (incident, target, bytes),
+    /// by incident.
+    pub fn claims_on(&self, gpu: &str) -> Vec<(u64, u32, u64)> {
+        let mut claims: Vec<(u64, u32, u64)> = self
+            .open
+            .iter()
+            .map(|(id, o)| {
+                let on_gpu = o.held.iter().filter(|(l, _)| l.gpu.gpu == gpu);
+                (*id, o.target, on_gpu.map(|(_, b)| b).sum::<u64>())
+            })
+            .filter(|(_, _, bytes)| *bytes > 0)
+            .collect();
+        claims.sort_unstable();
+        claims
+    }
+
     /// Whether `pid` is the target of an open incident (which accounts for its memory).
     pub fn is_target(&self, pid: u32) -> bool {
         self.open.values().any(|o| o.target == pid)

@@ -128,6 +128,9 @@ pub struct Metrics {
     releases: Releases,
     lingering_bytes: Family<MemoryLabels, Gauge>,
     lingering_incidents: Family<MemoryLabels, Gauge>,
+    overclaimed: Family<GpuLabels, Gauge>,
+    /// Per GPU, the incidents the last overclaim's log line named (empty: none).
+    overclaim_named: HashMap<String, Vec<u64>>,
     unattributed: Family<GpuLabels, Gauge>,
     collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
@@ -197,6 +200,15 @@ impl Metrics {
                 "Incidents whose GPU memory is not back yet",
                 Family::default(),
             ),
+            overclaimed: registered(
+                r,
+                "linger_gpu_memory_overclaimed_bytes",
+                "GPU memory the open incidents hold beyond the device's used memory by NVML's \
+                 latest reading: a double count or a share estimated too high (the log names \
+                 the incidents)",
+                Family::default(),
+            ),
+            overclaim_named: HashMap::new(),
             unattributed: registered(
                 r,
                 "linger_gpu_memory_unattributed_bytes",
@@ -341,14 +353,15 @@ impl Metrics {
                 source: XidSource::Kmsg,
                 ..
             } if self.xid_tracepoint => {}
-            EventData::GpuXid { xid, pci, .. } => {
+            EventData::GpuXid {
+                xid, pci, message, ..
+            } => {
                 let gpu = gpu_errors::device(self.gpus.values(), pci).map(|g| g.index);
                 self.gpu_errors
                     .get_or_create(&XidLabels {
                         gpu: self.gpu_labels(gpu),
                         xid: xid.to_string(),
-                        action: xid_catalog::entry(*xid)
-                            .and_then(|e| e.action)
+                        action: xid_catalog::action(*xid, message)
                             .unwrap_or_default()
                             .to_string(),
                     })
@@ -429,7 +442,7 @@ impl Metrics {
         gpus.sort();
         gpus.dedup();
         for labels in change.touched {
-            self.refresh(&labels, 1.0);
+            self.refresh(&labels);
         }
         for gpu in gpus {
             self.refresh_gpu(&gpu);
@@ -439,40 +452,49 @@ impl Metrics {
         }
     }
 
-    /// The lingering series of GPU `gpu` (its index label), held to the device's used memory
-    /// by NVML's latest reading: the incidents' shares are estimates (a ledger's, a figure NVML
-    /// gave before the death), and memory the device does not have in use cannot linger.
-    fn refresh_gpu(&self, gpu: &str) {
-        let labels = self.lingering.labels_on(gpu);
-        if labels.is_empty() {
-            return;
+    /// The lingering series of GPU `gpu` (its index label), as its incidents hold them. The
+    /// shares are estimates (a ledger's, a figure NVML gave before the death): where they add up
+    /// to more than the device's used memory by NVML's latest reading (a double count, or an
+    /// estimate too high), the excess is a gauge of its own and a log line names the incidents.
+    fn refresh_gpu(&mut self, gpu: &str) {
+        for l in &self.lingering.labels_on(gpu) {
+            self.refresh(l);
         }
-        let held: u64 = labels
-            .iter()
-            .filter_map(|l| self.lingering.total(l))
-            .map(|m| m.bytes)
-            .sum();
+        let claims = self.lingering.claims_on(gpu);
+        let held: u64 = claims.iter().map(|(_, _, bytes)| bytes).sum();
         let used = self
             .last_reading
             .iter()
             .find(|g| g.index.to_string() == gpu)
             .map(|g| g.used);
-        let scale = match used {
-            Some(used) if held > used => used as f64 / held as f64,
-            _ => 1.0,
-        };
-        for l in &labels {
-            self.refresh(l, scale);
+        let excess = used.map_or(0, |used| held.saturating_sub(used));
+        let labels = self.gpu_labels(gpu.parse().ok());
+        self.overclaimed.get_or_create(&labels).set(excess as i64);
+        let named: Vec<u64> = claims.iter().map(|(id, _, _)| *id).collect();
+        let named = if excess > 0 { named } else { Vec::new() };
+        if self.overclaim_named.get(gpu) == Some(&named) {
+            return;
         }
+        if let Some(used) = used.filter(|_| excess > 0) {
+            let who: Vec<String> = claims
+                .iter()
+                .map(|(id, pid, bytes)| format!("incident {id} (pid {pid}) {bytes}"))
+                .collect();
+            log::warn!(
+                "GPU {gpu}: open incidents hold {held} bytes, {excess} more than the {used} \
+                 NVML reads in use (a double count, or a share estimated too high): {} \
+                 (linger_gpu_memory_overclaimed_bytes)",
+                who.join(", ")
+            );
+        }
+        self.overclaim_named.insert(gpu.to_string(), named);
     }
 
-    /// Sets (or removes, when no incident has them any more) the series of `labels`, its bytes
-    /// scaled by `scale`.
-    fn refresh(&self, labels: &MemoryLabels, scale: f64) {
+    /// Sets (or removes, when no incident has them any more) the series of `labels`.
+    fn refresh(&self, labels: &MemoryLabels) {
         match self.lingering.total(labels) {
             Some(Memory { bytes, incidents }) => {
-                let bytes = (bytes as f64 * scale) as i64;
-                self.lingering_bytes.get_or_create(labels).set(bytes);
+                self.lingering_bytes.get_or_create(labels).set(bytes as i64);
                 self.lingering_incidents
                     .get_or_create(labels)
                     .set(incidents as i64);
@@ -550,6 +572,8 @@ fn loss_label(what: LossKind) -> &'static str {
         LossKind::Stacks => "stacks",
         LossKind::FdWalk => "fd_walk",
         LossKind::Calls => "calls",
+        LossKind::AsleepStacks => "asleep_stacks",
+        LossKind::Asleep => "asleep",
     }
 }
 

@@ -76,8 +76,8 @@ impl XidBook {
         let error = GpuError {
             xid,
             meaning: meaning(xid),
-            action: xid_catalog::entry(xid).and_then(|e| e.action),
-            recommended: xid_catalog::recommended(xid),
+            action: xid_catalog::action(xid, message),
+            recommended: xid_catalog::recommended(xid, message),
             t_ns,
             at_ms: None,
             pci: pci.to_string(),
@@ -103,6 +103,9 @@ impl XidBook {
             };
             traced.pid = log.pid;
             traced.process_name = log.process_name;
+            // The line's whole text may name what the tracepoint's cut off (Xid 154's action).
+            traced.action = xid_catalog::action(xid, &log.message);
+            traced.recommended = xid_catalog::recommended(xid, &log.message);
             traced.message = log.message;
             traced.truncated = false;
             return;

@@ -72,6 +72,13 @@ fn describe(what: LossKind) -> String {
     match what {
         LossKind::Ring => "record(s): ring buffer full".to_string(),
         LossKind::Stacks => "kernel stack(s): stack map full or a collision".to_string(),
+        LossKind::AsleepStacks => {
+            "kernel stack(s) of GPU holders' sleeps: stuck threads' stacks read from /proc"
+                .to_string()
+        }
+        LossKind::Asleep => {
+            "sleep(s) of GPU holders' threads: map full, those threads not watched".to_string()
+        }
         LossKind::FdWalk => format!(
             "listing(s) of GPU files above descriptor {} (a table walk stops there)",
             tracer_common::FD_WALK_MAX

@@ -75,7 +75,7 @@ impl AsleepWatch {
                     // Named now: the first stack loads the kernel's symbols, which takes
                     // seconds on a slow machine, and the thread may have moved on by then.
                     let comm = comm(sleep.tgid, *tid);
-                    match self.in_driver(sleep) {
+                    match self.in_driver(*tid, sleep) {
                         Some(frames) => {
                             self.stuck.insert(*tid, *sleep);
                             out.push(stuck_event(now_ns, *tid, sleep, comm, frames));
@@ -133,8 +133,20 @@ impl AsleepWatch {
         out
     }
 
-    /// The sleep's stack, named, if the NVIDIA driver is on it.
-    fn in_driver(&mut self, sleep: &Asleep) -> Option<Vec<String>> {
+    /// The sleep's stack, named, if the NVIDIA driver is on it. A stack the map could not
+    /// keep is read from /proc (the thread still sleeps in it); one read from neither is
+    /// reported all the same, said lost: a GPU holder's thread asleep uninterruptibly this long.
+    fn in_driver(&mut self, tid: u32, sleep: &Asleep) -> Option<Vec<String>> {
+        let frames = self
+            .kept_stack(sleep)
+            .or_else(|| proc_stack(sleep.tgid, tid))
+            .unwrap_or_else(|| vec![STACK_LOST.to_string()]);
+        let lost = frames.first().is_some_and(|f| f == STACK_LOST);
+        (lost || frames.iter().any(|f| is_driver_frame(f))).then_some(frames)
+    }
+
+    /// The sleep's stack from the programs' map, named; None where it could not keep it.
+    fn kept_stack(&mut self, sleep: &Asleep) -> Option<Vec<String>> {
         if sleep.stack_id < 0 {
             return None;
         }
@@ -148,14 +160,41 @@ impl AsleepWatch {
         let symbols = self.symbols.get_or_insert_with(Kallsyms::load);
         // The stack was taken inside linger's own program on the scheduler's tracepoint: its
         // innermost frames are that program and the tracepoint's call of it.
-        let frames: Vec<String> = trace
+        let frames = trace
             .frames()
             .iter()
             .map(|f| symbols.name(f.ip))
             .skip_while(|f| f.ends_with("[bpf]") || f.starts_with("bpf_trace_run"))
             .collect();
-        frames.iter().any(|f| is_driver_frame(f)).then_some(frames)
+        Some(frames)
     }
+}
+
+/// The only frame of a stuck thread's stack that neither the programs' map nor /proc gave.
+pub const STACK_LOST: &str = "(stack lost: the stack map was full and /proc did not give it)";
+
+/// A sleeping thread's kernel stack as /proc gives it (root only), named as the symbolizer
+/// names frames ("nvidia_close [nvidia]"); None where it does not.
+fn proc_stack(tgid: u32, tid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stack")).ok()?;
+    let frames = proc_frames(&text);
+    (!frames.is_empty()).then_some(frames)
+}
+
+/// Frames of a /proc stack file: "[<0>] os_acquire_mutex+0x2a/0x40 [nvidia]" is
+/// "os_acquire_mutex [nvidia]".
+fn proc_frames(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let frame = l.split_once("] ").map_or(l, |(_, f)| f).trim();
+            let (name, rest) = frame.split_once('+').unwrap_or((frame, ""));
+            let module = rest.split_once(' ').map(|(_, m)| m.trim());
+            (!name.is_empty()).then(|| match module {
+                Some(m) if m.starts_with('[') => format!("{name} {m}"),
+                _ => name.to_string(),
+            })
+        })
+        .collect()
 }
 
 fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, comm: String, frames: Vec<String>) -> Event {
@@ -216,6 +255,22 @@ fn comm(tgid: u32, tid: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_stack_reads_as_the_symbolizer_names_frames() {
+        let text = "[<0>] os_acquire_mutex+0x2a/0x40 [nvidia]\n[<0>] nvidia_close+0x5c/0x1f0 \
+                    [nvidia]\n[<0>] __fput+0xe6/0x2b0\n[<0>] do_exit+0x2f1/0xb20\n";
+        assert_eq!(
+            proc_frames(text),
+            [
+                "os_acquire_mutex [nvidia]",
+                "nvidia_close [nvidia]",
+                "__fput",
+                "do_exit"
+            ]
+        );
+        assert!(proc_frames("").is_empty());
+    }
 
     #[test]
     fn reads_the_state_and_switches_of_a_thread() {
