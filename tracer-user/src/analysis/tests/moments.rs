@@ -53,8 +53,13 @@ fn killed_with_a_slow_exit(r: &mut Run) {
 /// `pid`'s exit from 100.2 ms: the driver's release of its file (200 ms asleep in it), out of
 /// the driver at 300.05 ms, then 30 ms in another file's release.
 fn slow_exit(r: &mut Run, pid: u32) {
-    sample_of(r, pid, 100.2, SampleKind::BlockStart, 1, 0.0);
-    sample_of(r, pid, 300.0, SampleKind::BlockEnd, 1, 199.8);
+    slow_exit_with(r, pid, 1);
+}
+
+/// [`slow_exit`], its sleep in the driver's release sampled with stack `inside` (-1: lost).
+fn slow_exit_with(r: &mut Run, pid: u32, inside: i32) {
+    sample_of(r, pid, 100.2, SampleKind::BlockStart, inside, 0.0);
+    sample_of(r, pid, 300.0, SampleKind::BlockEnd, inside, 199.8);
     sample_of(r, pid, 300.05, SampleKind::LeftDriver, 2, 0.05);
     sample_of(r, pid, 300.05, SampleKind::BlockStart, 2, 0.0);
     sample_of(r, pid, 330.0, SampleKind::BlockEnd, 2, 29.95);
@@ -140,11 +145,7 @@ fn the_last_holder_s_leaving_is_the_moment_without_the_stacks_of_its_sleep() {
     r.die_with(10, 2, 100.05, 9);
     sigkill(&mut r, 10, 11, 100.06, true, false);
     r.die_with(11, 1, 100.1, 9);
-    sample_of(&mut r, 11, 100.2, SampleKind::BlockStart, -1, 0.0);
-    sample_of(&mut r, 11, 300.0, SampleKind::BlockEnd, -1, 199.8);
-    sample_of(&mut r, 11, 300.05, SampleKind::LeftDriver, 2, 0.05);
-    sample_of(&mut r, 11, 300.05, SampleKind::BlockStart, 2, 0.0);
-    sample_of(&mut r, 11, 330.0, SampleKind::BlockEnd, 2, 29.95);
+    slow_exit_with(&mut r, 11, -1);
     r.zombie_and_reap(10, 331.0);
     sample_of(&mut r, 11, 331.5, SampleKind::Exited, -1, 0.0);
     r.nvml(332.0, GIB, &[]);
