@@ -479,7 +479,7 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
         .filter(|c| c.as_str() != "memory back" && (back.is_none() || !c.starts_with("let go")))
         .map(|c| e(c).into_owned())
         .collect();
-    if let Some(b) = back {
+    if let (Some(b), Some(g)) = (back, gpu) {
         let holders: Vec<String> = inc
             .holders
             .iter()
@@ -490,10 +490,7 @@ fn render_update(inc: &Incident, anchor: &WallAnchor) -> String {
         } else {
             format!(", once {} let go", holders.join(", "))
         };
-        let when = gpu.map_or_else(
-            || format!("+{}", ms(inc.ms_after_signal(b))),
-            |g| when_back(inc, g, b, ""),
-        );
+        let when = when_back(inc, g, b, "");
         parts.push(format!("GPU memory back {when} after {after}{once}"));
     } else if let Some(g) = gpu {
         let still: Vec<String> = inc

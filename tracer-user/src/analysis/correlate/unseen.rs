@@ -12,14 +12,13 @@ impl Correlator {
     /// Process `pid` died holding `held` (its exit walk): the dead cases with references to
     /// those files that nobody known accounted for count it among their holders (it got them
     /// unseen: by fork or a socket before linger began, or by a receive no hook sees). Its
-    /// walk then recounts their references, and its release is theirs to wait for. Returns
-    /// those cases.
+    /// walk then recounts their references, and its release is theirs to wait for.
     pub(super) fn unseen_holder_died(
         &mut self,
         (pid, ppid, comm): (u32, u32, &str),
         held: &[HeldFile],
         t_ns: u64,
-    ) -> Vec<u64> {
+    ) {
         let ids: Vec<u64> = self
             .cases
             .iter()
@@ -34,7 +33,7 @@ impl Correlator {
             .map(|(id, _)| *id)
             .collect();
         let fds: Vec<i32> = held.iter().map(|h| h.fd).filter(|fd| *fd >= 0).collect();
-        for id in &ids {
+        for id in ids {
             let holder = Holder {
                 pid,
                 comm: comm.to_string(),
@@ -46,15 +45,14 @@ impl Correlator {
                 t_killed_ns: None,
             };
             // Killed with the victim, where the kill reached it before it let go.
-            self.co_victims_at_death(*id, std::slice::from_ref(&holder));
-            if let Some(c) = self.cases.get_mut(id) {
+            self.co_victims_at_death(id, std::slice::from_ref(&holder));
+            if let Some(c) = self.cases.get_mut(&id) {
                 c.holder_gone.insert(pid, None);
                 c.fd_holders.push(holder);
             }
-            self.agenda.touch(*id);
-            self.cases.holds_for(pid, *id);
+            self.agenda.touch(id);
+            self.cases.holds_for(pid, id);
         }
-        ids
     }
 
     /// A searched process's walk is in: it joins the holders of the dead cases whose files it

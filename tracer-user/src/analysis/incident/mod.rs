@@ -296,7 +296,6 @@ pub struct GpuImpact {
     pub gpus: Vec<GpuPart>,
 }
 
-/// One GPU's part of a death's memory.
 /// How close to the driver's own free a reported moment must be known for the figures (the
 /// agent's release histogram, `linger stats`) to use it; the others are bounds, counted apart.
 pub const MOMENT_KNOWN_NS: u64 = 2_000_000;
@@ -322,6 +321,7 @@ pub fn moment_known(back: u64, known_to: Option<u64>, held_until: Option<u64>) -
         || held_until.is_some_and(|h| back.saturating_sub(h) <= MOMENT_KNOWN_NS)
 }
 
+/// One GPU's part of a death's memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GpuPart {
     /// NVML's index; null where NVML does not read (or gave no minor numbers).

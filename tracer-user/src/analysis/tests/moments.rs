@@ -112,23 +112,31 @@ fn job_with_child() -> Run {
     r
 }
 
-/// A container's init killed with a child holding its file: the child's exit runs the driver's
-/// release (so every other reference, the init's among them, was gone), then goes on; the
-/// init's zombie comes only after the child's exit is over. The memory is back as the child
-/// leaves the driver, not at the init's zombie.
-#[test]
-fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bounds() {
+/// [`job_with_child`] as a container's init and its child: the init dies first, the kernel
+/// kills the child in the namespace's teardown, and the child's exit is [`slow_exit_with`] its
+/// sleep in the driver sampled with stack `inside`; the init's zombie comes at 331 ms.
+fn init_killed_with_child(inside: i32) -> Run {
     let mut r = job_with_child();
     with_stacks(&mut r);
     r.die_with(10, 2, 100.05, 9);
     // The kernel's kill of what is left of the namespace, in the dying init's context.
     sigkill(&mut r, 10, 11, 100.06, true, false);
     r.die_with(11, 1, 100.1, 9);
-    slow_exit(&mut r, 11);
+    slow_exit_with(&mut r, 11, inside);
     r.zombie_and_reap(10, 331.0);
     sample_of(&mut r, 11, 331.5, SampleKind::Exited, -1, 0.0);
     r.nvml(332.0, GIB, &[]);
     r.tick(600.0);
+    r
+}
+
+/// A container's init killed with a child holding its file: the child's exit runs the driver's
+/// release (so every other reference, the init's among them, was gone), then goes on; the
+/// init's zombie comes only after the child's exit is over. The memory is back as the child
+/// leaves the driver, not at the init's zombie.
+#[test]
+fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bounds() {
+    let r = init_killed_with_child(1);
     let init = r.last_of(10);
     assert_eq!(verdict(init), VerdictKind::Released, "{init:?}");
     assert_eq!(back(init), Some(300_050_000), "{init:?}");
@@ -140,16 +148,7 @@ fn the_driver_s_release_by_the_last_holder_is_the_moment_whatever_the_others_bou
 /// ran in its exit, and its leaving of the driver during the exit is that release's end.
 #[test]
 fn the_last_holder_s_leaving_is_the_moment_without_the_stacks_of_its_sleep() {
-    let mut r = job_with_child();
-    with_stacks(&mut r);
-    r.die_with(10, 2, 100.05, 9);
-    sigkill(&mut r, 10, 11, 100.06, true, false);
-    r.die_with(11, 1, 100.1, 9);
-    slow_exit_with(&mut r, 11, -1);
-    r.zombie_and_reap(10, 331.0);
-    sample_of(&mut r, 11, 331.5, SampleKind::Exited, -1, 0.0);
-    r.nvml(332.0, GIB, &[]);
-    r.tick(600.0);
+    let r = init_killed_with_child(-1);
     let init = r.last_of(10);
     assert_eq!(back(init), Some(300_050_000), "{init:?}");
 }
