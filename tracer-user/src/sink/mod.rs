@@ -7,4 +7,5 @@ pub mod perfetto;
 pub mod phases;
 pub mod stats_svg;
 pub mod text;
+mod text_line;
 mod text_records;

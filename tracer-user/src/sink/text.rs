@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::text_line::{e, INDENT};
 use super::text_records as records;
 
 use crate::{
@@ -16,14 +17,6 @@ use crate::{
     clock::WallAnchor,
     event::LossKind,
 };
-
-pub(super) const INDENT: &str = "              ";
-
-/// Untrusted text (names any process can choose, and sentences built from them) for a line of
-/// the report.
-pub(super) fn e(s: &str) -> std::borrow::Cow<'_, str> {
-    crate::escape::terminal(s)
-}
 
 pub fn render(out: &Output, anchor: &WallAnchor) -> String {
     match out {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::text::{e, INDENT};
+use super::text_line::{e, INDENT};
 use crate::{
     analysis::{gpu_errors::GpuError, stuck::StuckRecord, unheld::UnheldRecord},
     clock::WallAnchor,
