@@ -201,6 +201,11 @@ pub enum EventData {
         cloexec: bool,
         group: u64,
     },
+    /// A process /proc would not list the descriptors of (permission, a hardened /proc): it
+    /// may hold GPU files linger does not know of until it exits.
+    FdsUnreadable {
+        holder: u32,
+    },
     /// What /proc said about a process while it was alive.
     ProcInfo(ProcInfo),
     /// One NVML reading of every GPU.
@@ -272,6 +277,10 @@ pub enum EventData {
         since_ns: u64,
         comm: String,
         frames: Vec<String>,
+        /// The sleep began before tracing did: `since_ns` is when the collector found it, and
+        /// the frames are /proc's.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        before_start: bool,
     },
     /// That thread, stuck since `since_ns`, ran again or is gone.
     StuckCleared {
@@ -637,6 +646,11 @@ pub struct NvmlGpu {
     pub total: u64,
     /// Compute and graphics processes with their memory, as NVML reports them (host pids).
     pub processes: Vec<NvmlProcess>,
+    /// NVML's GPU utilization (percent of the last sample period a kernel ran), read only
+    /// while the GPU has no memory in use and no process: what tells a GPU still running work
+    /// nobody owns (see `analysis::unheld`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -200,6 +200,7 @@ fn incident_traces_count_in_the_byte_budget_and_the_oldest_go_first() {
             t,
             EventData::Nvml {
                 gpus: vec![crate::event::NvmlGpu {
+                    utilization: None,
                     index: 0,
                     used: t,
                     total: 1 << 40,

@@ -30,7 +30,7 @@ use super::{
     node::Host,
 };
 use crate::{
-    analysis::{gpu_errors, xid_catalog, Incident, Output as Record},
+    analysis::{gpu_errors, unheld::UnheldRecord, xid_catalog, Incident, Output as Record},
     event::{Event, EventData, GpuInfo, LossKind, NvmlGpu, XidSource},
     source::cost::{Cost, Part},
 };
@@ -123,6 +123,49 @@ impl Releases {
     }
 }
 
+/// GPUs busy with nobody: memory nobody holds, and work with no memory and no process.
+struct UnownedGpus {
+    no_holder: Family<GpuLabels, Gauge>,
+    no_work: Family<GpuLabels, Gauge>,
+}
+
+impl UnownedGpus {
+    fn registered(r: &mut Registry) -> Self {
+        Self {
+            no_holder: registered(
+                r,
+                "linger_gpu_busy_no_holder_bytes",
+                "GPU memory in use for a minute or more that NVML lists no process for and no \
+                 process seen here holds the GPU's files of (its `busy_no_holder` record says \
+                 whether processes in other PID namespaces could, or a holder was maybe missed)",
+                Family::default(),
+            ),
+            no_work: registered(
+                r,
+                "linger_gpu_utilized_without_work_percent",
+                "Utilization of a GPU with no memory in use and no process for a minute or \
+                 more: work a killed context left running (its `utilized_without_work` record \
+                 says what clears it); 0 once it stops",
+                Family::default(),
+            ),
+        }
+    }
+
+    fn observe(&self, u: &UnheldRecord, gpu: GpuLabels) {
+        if u.head.record_type == "utilized_without_work" {
+            let pct = if u.cleared {
+                0
+            } else {
+                u.utilization_pct.unwrap_or_default()
+            };
+            self.no_work.get_or_create(&gpu).set(i64::from(pct));
+        } else {
+            let bytes = if u.cleared { 0 } else { u.used_bytes as i64 };
+            self.no_holder.get_or_create(&gpu).set(bytes);
+        }
+    }
+}
+
 pub struct Metrics {
     incidents: Family<IncidentLabels, Counter>,
     releases: Releases,
@@ -135,7 +178,7 @@ pub struct Metrics {
     collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
     stuck_threads: Gauge,
-    unheld: Family<GpuLabels, Gauge>,
+    unowned: UnownedGpus,
     /// Xids come from the driver's tracepoint: their kernel-log lines are not new errors.
     xid_tracepoint: bool,
     lost: Family<WhatLabel, Counter>,
@@ -236,14 +279,7 @@ impl Metrics {
                  --stuck-after (their `stuck` records say where)",
                 Gauge::default(),
             ),
-            unheld: registered(
-                r,
-                "linger_gpu_busy_no_holder_bytes",
-                "GPU memory in use for a minute or more that NVML lists no process for and no \
-                 process seen here holds the GPU's files of (its `busy_no_holder` record says \
-                 whether processes in other PID namespaces could)",
-                Family::default(),
-            ),
+            unowned: UnownedGpus::registered(r),
             xid_tracepoint: false,
             lost: registered(
                 r,
@@ -399,12 +435,7 @@ impl Metrics {
             Record::Stuck(_) => {
                 self.stuck_threads.inc();
             }
-            Record::Unheld(u) => {
-                let bytes = if u.cleared { 0 } else { u.used_bytes as i64 };
-                self.unheld
-                    .get_or_create(&self.gpu_labels(Some(u.gpu)))
-                    .set(bytes);
-            }
+            Record::Unheld(u) => self.unowned.observe(u, self.gpu_labels(Some(u.gpu))),
             _ => {}
         }
         let Record::Incident(inc) = record else {

@@ -42,6 +42,7 @@ fn exit(pid: u32, ts_ns: u64) -> Event {
 
 fn reading(pid: u32) -> Vec<NvmlGpu> {
     vec![NvmlGpu {
+        utilization: None,
         index: 0,
         used: 2 << 30,
         total: 80 << 30,
@@ -168,6 +169,7 @@ fn gpu_series_carry_dcgm_exporters_identity_labels_and_the_chosen_host_label() {
     m.on_reading(
         1,
         &[NvmlGpu {
+            utilization: None,
             index: 3,
             ..reading(7)[0].clone()
         }],

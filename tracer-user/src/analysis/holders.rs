@@ -144,6 +144,8 @@ pub struct Holders {
     /// Snapshot groups found to be files linger knows, while their snapshot lasts (group ids
     /// are never reused; the next event that is not part of a snapshot ends it).
     snapshot_files: BTreeMap<u64, FileId>,
+    /// Processes /proc would not list the descriptors of, until they die: holders, maybe.
+    unreadable: BTreeSet<u32>,
 }
 
 /// How long a dead group's pid is remembered: a walk of it comes within microseconds.
@@ -160,6 +162,9 @@ impl Holders {
         }
         self.end_exec_walk(e);
         match &e.data {
+            EventData::FdsUnreadable { holder } => {
+                self.unreadable.insert(*holder);
+            }
             EventData::Fork {
                 child_pid,
                 files_shared,
@@ -393,6 +398,7 @@ impl Holders {
     /// and forgets the process.
     pub fn group_died(&mut self, pid: u32) -> Vec<HeldFile> {
         self.remember_dead(pid);
+        self.unreadable.remove(&pid);
         self.exec_pending.remove(&pid);
         self.exec_closed.remove(&pid);
         self.exec_cpu.remove(&pid);
@@ -516,6 +522,12 @@ impl Holders {
         {
             p.fds.retain(|fd, _| !pending.contains(fd));
         }
+    }
+
+    /// Whether a living process may hold GPU files unknown here (/proc would not list its
+    /// descriptors).
+    pub fn some_unreadable(&self) -> bool {
+        !self.unreadable.is_empty()
     }
 
     pub fn holds_gpu_files(&self, pid: u32) -> bool {

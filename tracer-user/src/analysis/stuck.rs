@@ -27,10 +27,14 @@ pub struct StuckRecord {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// When its sleep began (its switch out).
+    /// When its sleep began (its switch out), or, for a sleep begun before tracing did, when
+    /// the collector found it.
     pub since_ns: u64,
-    /// How long it had slept at `t_ns`.
+    /// How long it had slept at `t_ns` (at least, with `asleep_before_start`).
     pub asleep_s: f64,
+    /// The sleep began before tracing did (an agent started on a wedged node).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub asleep_before_start: bool,
     /// It ran again (or is gone): the sleep lasted at most `asleep_s`.
     pub cleared: bool,
     /// What the stack says it waits on, and the driver's innermost function.
@@ -68,6 +72,7 @@ pub struct Found<'a> {
     pub pid: u32,
     pub tid: u32,
     pub since_ns: u64,
+    pub before_start: bool,
     pub comm: &'a str,
     pub frames: &'a [String],
 }
@@ -111,6 +116,7 @@ impl StuckBook {
             comm: found.comm.to_string(),
             since_ns: found.since_ns,
             asleep_s: seconds(found.t_ns, found.since_ns),
+            asleep_before_start: found.before_start,
             cleared: false,
             waits_on,
             in_function,
@@ -174,10 +180,12 @@ mod tests {
             pid: 7,
             tid: 8,
             since_ns: 1_000_000_000,
+            before_start: false,
             comm: "python3",
             frames: &frames,
         };
         let gpus = [NvmlGpu {
+            utilization: None,
             index: 1,
             used: 10,
             total: 80,

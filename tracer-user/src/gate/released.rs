@@ -84,6 +84,7 @@ mod tests {
 
     fn gpu(used: u64, procs: &[(u32, u64)]) -> NvmlGpu {
         NvmlGpu {
+            utilization: None,
             index: 0,
             used,
             total: 141 * GIB,

@@ -444,6 +444,7 @@ mod tests {
             tid: 0,
             data: EventData::Nvml {
                 gpus: vec![NvmlGpu {
+                    utilization: None,
                     index: 0,
                     used: holders.iter().map(|h| h.1).sum(),
                     total: 1 << 34,

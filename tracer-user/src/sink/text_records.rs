@@ -12,11 +12,17 @@ use crate::{
 /// A thread stuck in the driver, or running again.
 pub fn stuck(r: &StuckRecord, anchor: &WallAnchor) -> String {
     let what = if r.cleared { "UNSTUCK " } else { "STUCK   " };
+    // A sleep begun before tracing: only its lower bound is known.
+    let at_least = if r.asleep_before_start {
+        "at least "
+    } else {
+        ""
+    };
     let state = if r.cleared {
-        format!("ran again after {:.1} s asleep", r.asleep_s)
+        format!("ran again after {at_least}{:.1} s asleep", r.asleep_s)
     } else {
         format!(
-            "asleep in the driver for {:.1} s ({}{})",
+            "asleep in the driver for {at_least}{:.1} s ({}{})",
             r.asleep_s,
             r.waits_on.label(),
             r.in_function
@@ -57,27 +63,44 @@ pub fn gpu_error(x: &GpuError, anchor: &WallAnchor) -> String {
     )
 }
 
-/// A GPU busy with no holder, or no longer.
+/// A GPU busy with nobody, or no longer.
 pub fn unheld(r: &UnheldRecord, anchor: &WallAnchor) -> String {
     let gib = r.used_bytes as f64 / (1u64 << 30) as f64;
+    let no_work = r.head.record_type == "utilized_without_work";
+    let (tag, what) = if no_work {
+        ("BUSY    ", "utilized with no memory and no process")
+    } else {
+        ("UNHELD  ", "busy with no holder")
+    };
     if r.cleared {
         return format!(
-            "{}  UNHELD   GPU{} · no longer busy with no holder, after {:.0} s\n",
+            "{}  {tag} GPU{} · no longer {what}, after {:.0} s\n",
             anchor.format_local(r.t_ns),
             r.gpu,
             r.busy_s
         );
     }
-    let who = match r.holder {
-        "not_visible" => "no process visible here holds it",
-        _ => "no process holds it",
+    let state = if no_work {
+        let pct = r.utilization_pct.unwrap_or_default();
+        format!(
+            "{pct} % utilized for {:.0} s with no memory in use and no process",
+            r.busy_s
+        )
+    } else {
+        let who = match (r.holder, r.holder_view) {
+            ("not_visible", _) => "no process visible here holds it".to_string(),
+            (_, Some(why)) => format!("none linger knows of holds it, but {why}"),
+            _ => "no process holds it".to_string(),
+        };
+        format!(
+            "{gib:.1} GiB in use for {:.0} s, NVML lists no process, {who}",
+            r.busy_s
+        )
     };
     format!(
-        "{}  UNHELD   GPU{} · {gib:.1} GiB in use for {:.0} s, NVML lists no process, {who}\n\
-         {INDENT}hint: {}\n",
+        "{}  {tag} GPU{} · {state}\n{INDENT}hint: {}\n",
         anchor.format_local(r.t_ns),
         r.gpu,
-        r.busy_s,
         r.hint
     )
 }

@@ -34,15 +34,21 @@ pub struct AsleepWatch {
     stuck: HashMap<u32, Asleep>,
     /// Stack ids entries named at the last look: those no entry names any more leave the map.
     stack_ids: BTreeSet<u32>,
+    /// Sleeps begun before tracing did (found in /proc at the start), by tid, followed like
+    /// the map's until they end.
+    before_start: HashMap<u32, Asleep>,
 }
 
 impl AsleepWatch {
+    /// `before_start`: the threads already asleep in the driver when tracing began.
     pub fn new(
         sleeps: BpfHashMap<MapData, u32, Asleep>,
         stacks: StackTraceMap<MapData>,
         after_ns: u64,
+        before_start: Vec<(u32, Asleep)>,
     ) -> Self {
         Self {
+            before_start: before_start.into_iter().collect(),
             sleeps,
             stacks,
             after_ns,
@@ -56,7 +62,14 @@ impl AsleepWatch {
     /// One look at `now_ns`: the threads newly stuck and those no longer.
     pub fn poll(&mut self, now_ns: u64) -> Vec<Event> {
         let mut out = Vec::new();
-        let entries: Vec<(u32, Asleep)> = self.sleeps.iter().filter_map(Result::ok).collect();
+        let mut entries: Vec<(u32, Asleep)> = self.sleeps.iter().filter_map(Result::ok).collect();
+        // A sleep begun before the start is followed until the thread leaves it (a later sleep
+        // of its own is in the map).
+        self.before_start.retain(|tid, sleep| {
+            !entries.iter().any(|(t, _)| t == tid)
+                && now_in(sleep.tgid, *tid).is_some_and(|now| still_in(now, sleep))
+        });
+        entries.extend(self.before_start.iter().map(|(tid, s)| (*tid, *s)));
         let mut named = BTreeSet::new();
         let mut gone = Vec::new();
         for (tid, sleep) in &entries {
@@ -78,7 +91,8 @@ impl AsleepWatch {
                     match self.in_driver(*tid, sleep) {
                         Some(frames) => {
                             self.stuck.insert(*tid, *sleep);
-                            out.push(stuck_event(now_ns, *tid, sleep, comm, frames));
+                            let early = self.before_start.contains_key(tid);
+                            out.push(stuck_event(now_ns, *tid, sleep, comm, frames, early));
                         }
                         None => {
                             self.judged.insert(*tid, sleep.since_ns);
@@ -174,15 +188,15 @@ impl AsleepWatch {
 pub const STACK_LOST: &str = "(stack lost: the stack map was full and /proc did not give it)";
 
 /// A sleeping thread's kernel stack as /proc gives it (root only), named as the symbolizer
-/// names frames ("nvidia_close [nvidia]"); None where it does not.
-fn proc_stack(tgid: u32, tid: u32) -> Option<Vec<String>> {
+/// names frames ("nvidia_close[nvidia]"); None where it does not.
+pub(super) fn proc_stack(tgid: u32, tid: u32) -> Option<Vec<String>> {
     let text = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stack")).ok()?;
     let frames = proc_frames(&text);
     (!frames.is_empty()).then_some(frames)
 }
 
 /// Frames of a /proc stack file: "[<0>] os_acquire_mutex+0x2a/0x40 [nvidia]" is
-/// "os_acquire_mutex [nvidia]".
+/// "os_acquire_mutex[nvidia]", as the symbolizer names it from kallsyms.
 fn proc_frames(text: &str) -> Vec<String> {
     text.lines()
         .filter_map(|l| {
@@ -190,14 +204,21 @@ fn proc_frames(text: &str) -> Vec<String> {
             let (name, rest) = frame.split_once('+').unwrap_or((frame, ""));
             let module = rest.split_once(' ').map(|(_, m)| m.trim());
             (!name.is_empty()).then(|| match module {
-                Some(m) if m.starts_with('[') => format!("{name} {m}"),
+                Some(m) if m.starts_with('[') => format!("{name}{m}"),
                 _ => name.to_string(),
             })
         })
         .collect()
 }
 
-fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, comm: String, frames: Vec<String>) -> Event {
+fn stuck_event(
+    now_ns: u64,
+    tid: u32,
+    sleep: &Asleep,
+    comm: String,
+    frames: Vec<String>,
+    before_start: bool,
+) -> Event {
     Event {
         ts_ns: now_ns,
         cpu: 0,
@@ -207,6 +228,7 @@ fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, comm: String, frames: Vec<
             since_ns: sleep.since_ns,
             comm,
             frames,
+            before_start,
         },
     }
 }
@@ -214,13 +236,13 @@ fn stuck_event(now_ns: u64, tid: u32, sleep: &Asleep, comm: String, frames: Vec<
 /// A thread as /proc shows it now: its state letter (`R`, `S`, `D`, `T`, ...) and its
 /// voluntary context switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Now {
-    state: char,
-    switches: u64,
+pub(super) struct Now {
+    pub state: char,
+    pub switches: u64,
 }
 
 /// The thread now; None when it is gone (or /proc does not say).
-fn now_in(tgid: u32, tid: u32) -> Option<Now> {
+pub(super) fn now_in(tgid: u32, tid: u32) -> Option<Now> {
     let status = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/status")).ok()?;
     parse_status(&status)
 }
@@ -263,8 +285,8 @@ mod tests {
         assert_eq!(
             proc_frames(text),
             [
-                "os_acquire_mutex [nvidia]",
-                "nvidia_close [nvidia]",
+                "os_acquire_mutex[nvidia]",
+                "nvidia_close[nvidia]",
                 "__fput",
                 "do_exit"
             ]

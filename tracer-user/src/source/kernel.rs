@@ -6,8 +6,13 @@ use aya::maps::{MapData, PerCpuArray, RingBuf};
 use log::warn;
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::{asleep::AsleepWatch, decode::decode};
+use super::{
+    asleep::AsleepWatch,
+    asleep_at_start::{asleep_now, THREADS_LOOKED_AT},
+    decode::decode,
+};
 use crate::{
+    clock::boottime_ns,
     error::Result,
     event::{Event, EventData, Strategy},
     probe::{devices::GpuDevices, Probes},
@@ -40,7 +45,16 @@ impl KernelSource {
             0 => None,
             after_ns => {
                 let (sleeps, stacks) = probes.take_asleep()?;
-                Some(AsleepWatch::new(sleeps, stacks, after_ns))
+                // After the programs are attached: a sleep begun since is in their map.
+                let early = asleep_now(boottime_ns(), THREADS_LOOKED_AT);
+                if early.not_looked_at > 0 {
+                    warn!(
+                        "{} threads not looked at for sleeps in the NVIDIA driver begun before \
+                         tracing (at most {THREADS_LOOKED_AT} are)",
+                        early.not_looked_at
+                    );
+                }
+                Some(AsleepWatch::new(sleeps, stacks, after_ns, early.sleeps))
             }
         };
         Ok(Self {

@@ -1,6 +1,7 @@
 //! Where events come from.
 
 mod asleep;
+mod asleep_at_start;
 pub mod collect;
 pub mod cost;
 pub mod decode;

@@ -27,6 +27,7 @@ use super::{
     pace::Pace,
 };
 use crate::{
+    analysis::unheld,
     clock::boottime_ns,
     event::{Event, EventData, GpuInfo, NvmlGpu, NvmlProcess},
 };
@@ -270,8 +271,12 @@ fn read(index: u32, device: &Device, errors: &AtomicU64, cost: &Cost) -> Option<
     let graphics = device.running_graphics_processes();
     // The sampler's own total includes this; the part says how much of it the lists are.
     cost.add(Part::NvmlProcesses, thread_cpu_ns().saturating_sub(before));
-    let (gpu, failures) = answers(index, memory, compute, graphics);
+    let (mut gpu, failures) = answers(index, memory, compute, graphics);
     errors.fetch_add(failures, Ordering::Relaxed);
+    if let Some(g) = gpu.as_mut().filter(|g| unheld::looks_idle(g)) {
+        // Not every GPU samples it (a MIG instance does not): no figure, no wedge of that kind.
+        g.utilization = device.utilization_rates().ok().map(|u| u.gpu);
+    }
     gpu
 }
 
@@ -316,6 +321,7 @@ fn gpu(index: u32, used: u64, total: u64, listed: impl Iterator<Item = ProcessIn
     processes.sort_by_key(|p| p.pid);
     processes.dedup_by_key(|p| p.pid);
     NvmlGpu {
+        utilization: None,
         index,
         used,
         total,

@@ -245,9 +245,15 @@ pub fn snapshot_of(
     how: &Describe,
     last_group: u64,
 ) -> Vec<EventData> {
-    let found = scan(pids, devices);
-    let groups = group_by_open_file(&found, last_group);
+    let mut found = Vec::new();
     let mut events: Vec<EventData> = Vec::new();
+    for pid in pids {
+        match descriptors_of(pid, devices) {
+            Ok(fds) => found.extend(fds),
+            Err(()) => events.push(EventData::FdsUnreadable { holder: pid }),
+        }
+    }
+    let groups = group_by_open_file(&found, last_group);
     let mut pids: Vec<u32> = found.iter().map(|f| f.pid).collect();
     pids.sort_unstable();
     pids.dedup();
@@ -279,47 +285,57 @@ fn scan(pids: impl IntoIterator<Item = u32>, devices: &GpuDevices) -> Vec<Found>
 
 /// The GPU descriptors `pid` holds now (none when it is gone).
 pub fn gpu_descriptors(pid: u32, devices: &GpuDevices) -> Vec<Found> {
+    descriptors_of(pid, devices).unwrap_or_default()
+}
+
+/// The GPU descriptors `pid` holds now (none when it is gone, or a zombie); Err when /proc has
+/// it but will not list its descriptors.
+fn descriptors_of(pid: u32, devices: &GpuDevices) -> Result<Vec<Found>, ()> {
     let mut found = Vec::new();
     let dir = Path::new("/proc").join(pid.to_string());
-    if let Ok(fds) = fs::read_dir(dir.join("fd")) {
-        for fd_entry in fds.flatten() {
-            let Ok(fd) = fd_entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            // metadata() follows the magic link to the open file's inode.
-            let Ok(meta) = fs::metadata(fd_entry.path()) else {
-                continue;
-            };
-            if !meta.file_type().is_char_device() {
-                continue;
-            }
-            let rdev = meta.rdev();
-            let dev = mkdev(
-                nix::sys::stat::major(rdev) as u32,
-                nix::sys::stat::minor(rdev) as u32,
-            );
-            if !devices.is_gpu(dev) {
-                continue;
-            }
-            let info = dir.join("fdinfo").join(fd.to_string());
-            let cloexec = fs::read_to_string(info)
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("flags:"))
-                        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
-                })
-                .is_some_and(|flags| flags & 0o2000000 != 0);
-            found.push(Found {
-                pid,
-                fd,
-                dev,
-                cloexec,
-                node: (meta.dev(), meta.ino()),
-            });
+    let fds = match fs::read_dir(dir.join("fd")) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => return Ok(found),
+        Err(_) => return Err(()),
+    };
+    for fd_entry in fds.flatten() {
+        let Ok(fd) = fd_entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // metadata() follows the magic link to the open file's inode.
+        let Ok(meta) = fs::metadata(fd_entry.path()) else {
+            continue;
+        };
+        if !meta.file_type().is_char_device() {
+            continue;
         }
+        let rdev = meta.rdev();
+        let dev = mkdev(
+            nix::sys::stat::major(rdev) as u32,
+            nix::sys::stat::minor(rdev) as u32,
+        );
+        if !devices.is_gpu(dev) {
+            continue;
+        }
+        let info = dir.join("fdinfo").join(fd.to_string());
+        let cloexec = fs::read_to_string(info)
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("flags:"))
+                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+            })
+            .is_some_and(|flags| flags & 0o2000000 != 0);
+        found.push(Found {
+            pid,
+            fd,
+            dev,
+            cloexec,
+            node: (meta.dev(), meta.ino()),
+        });
     }
-    found
+    Ok(found)
 }
 
 /// Group ids (after `last`: last + 1, last + 2, ...) such that two descriptors share one

@@ -4,8 +4,8 @@
 //! the killed holder: entry after the close (or the kill), exit after the entry on the same
 //! thread, both naming the `struct file` its GpuFd records name; and the default strategy
 //! needs no system call tracepoint (by_driver.rs), nor before or after a driver registers
-//! late (late_driver.rs); a close stuck in the driver is reported and cleared (stuck.rs); and the
-//! host's integration tests of `HOST_TESTS` pass there.
+//! late (late_driver.rs); a close stuck in the driver is reported and cleared (stuck.rs), also
+//! one stuck before linger started; and the host's integration tests of `HOST_TESTS` pass there.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -42,6 +42,7 @@ pub fn run(console: &str) -> Result<(u64, u64)> {
         ("by-driver", by_driver::check(&guest)),
         ("late-driver", late_driver::check(&guest)),
         ("stuck", stuck::check(&guest)),
+        ("stuck-before-start", stuck::before_start(&guest)),
     ]
     .map(|(name, result)| (name.to_string(), result));
     let host_tests = super::HOST_TESTS.iter().map(|name| {

@@ -232,6 +232,35 @@ finish $live 600 stuck
 say stuck-exit $?
 tagged stuck-out /tmp/live.out
 tagged stuck-err /tmp/live.err
+# A wedge older than linger (an agent restarted on a wedged node): the close already sleeps in
+# the queue flush when linger starts; its look through /proc at the start finds the thread,
+# reported stuck 2 s later (asleep "at least" since the look), and cleared once the stall is
+# lifted (writing 0 wakes it).
+rm -f /tmp/live.* /tmp/held
+echo 600000 > /sys/module/nvidia/parameters/stall_ms
+sh -c 'exec 5<>/tmp/nvidia0; echo held > /tmp/held; exec 5>&-; echo closed > /tmp/held
+       exec sleep 600' &
+holder=$!
+await /tmp/held held 300
+say early-holder $holder
+sleep 1
+/linger live --json --no-nvml --stuck-after 2s > /tmp/live.out 2> /tmp/live.err &
+live=$!
+if await /tmp/live.err "linger: tracing" 1200 $live; then
+    say early-tracing "$(uptime_s)"
+    await /tmp/live.out '"type":"stuck"' 600 $live || say early-never-stuck
+    echo 0 > /sys/module/nvidia/parameters/stall_ms
+    await /tmp/held closed 600
+    say early-closed "$(cat /tmp/held)"
+    sleep 3
+    kill -INT $live
+fi
+echo 0 > /sys/module/nvidia/parameters/stall_ms
+kill -9 $holder
+finish $live 600 early
+say early-exit $?
+tagged early-out /tmp/live.out
+tagged early-err /tmp/live.err
 # The host's integration tests that need no GPU (HOST_TESTS in vm.rs), on this kernel, with
 # the stand-in driver loaded.
 for t in /test-*; do

@@ -206,6 +206,9 @@ pub struct Correlator {
     stuck: StuckBook,
     /// GPUs busy with no holder.
     unheld: UnheldWatch,
+    /// The kernel side lost records that may have named a holder (see
+    /// `LossKind::hides_holders`): one may live unseen.
+    holders_lost: bool,
 }
 
 impl Correlator {
@@ -223,19 +226,8 @@ impl Correlator {
         self.ledger.on_event(e);
         self.losses.on_event(e);
         match &e.data {
-            EventData::Collector {
-                pid,
-                partial_pid_view,
-            } => {
-                self.self_pid = Some(*pid);
-                self.unheld.partial_view = *partial_pid_view;
-            }
-            EventData::Strategy(s) => {
-                // Opens are not all traced: a process not known to hold GPU files may.
-                self.lean = s.mode().holders_from_nvml();
-                self.ioctls_traced = !s.lean && s.hooks.iter().any(|h| h.contains("ioctl"));
-                self.unseen = s.unseen.clone();
-                self.agenda.touch_all();
+            EventData::Loss { .. } | EventData::Collector { .. } | EventData::Strategy(_) => {
+                self.how_traced(&e.data);
             }
             EventData::SignalGenerate {
                 sig,
@@ -342,12 +334,53 @@ impl Correlator {
         self.advance(out);
     }
 
+    /// What the collector says of itself and of how it traces, and what the kernel lost.
+    fn how_traced(&mut self, data: &EventData) {
+        match data {
+            EventData::Loss { count, what, .. } if *count > 0 && what.hides_holders() => {
+                self.holders_lost = true;
+            }
+            EventData::Collector {
+                pid,
+                partial_pid_view,
+            } => {
+                self.self_pid = Some(*pid);
+                self.unheld.partial_view = *partial_pid_view;
+            }
+            EventData::Strategy(s) => {
+                // Opens are not all traced: a process not known to hold GPU files may.
+                self.lean = s.mode().holders_from_nvml();
+                self.ioctls_traced = !s.lean && s.hooks.iter().any(|h| h.contains("ioctl"));
+                self.unseen = s.unseen.clone();
+                self.agenda.touch_all();
+            }
+            _ => {}
+        }
+    }
+
     /// An NVML reading: the GPUs busy with no holder for a while, or no longer.
     fn unheld_reading(&mut self, t_ns: u64, gpus: &[NvmlGpu], out: &mut Vec<Output>) {
         let known = self.xids.gpus();
         let minor = |index: u32| known.iter().find(|g| g.index == index)?.minor;
-        for record in self.unheld.reading(t_ns, gpus, &minor, &self.holders) {
+        let missed = self.holders_missed();
+        for record in self
+            .unheld
+            .reading(t_ns, gpus, &minor, &self.holders, missed)
+        {
             out.push(Output::Unheld(Box::new(record)));
+        }
+    }
+
+    /// Why a holder of GPU files may live unseen, if one may.
+    fn holders_missed(&self) -> Option<&'static str> {
+        if self.lean {
+            Some("opens of GPU files are not traced (--lean)")
+        } else if self.holders_lost {
+            Some("the kernel side lost records that may name a holder (linger_lost_records)")
+        } else if self.holders.some_unreadable() {
+            Some("/proc would not list some processes' descriptors")
+        } else {
+            None
         }
     }
 
@@ -358,12 +391,14 @@ impl Correlator {
                 since_ns,
                 comm,
                 frames,
+                before_start,
             } => {
                 let found = Found {
                     t_ns: e.ts_ns,
                     pid: e.pid,
                     tid: e.tid,
                     since_ns: *since_ns,
+                    before_start: *before_start,
                     comm,
                     frames,
                 };

@@ -3,7 +3,7 @@
 use crate::analysis::{
     correlate::Output, incident::Source, termination::Mode, verdict::VerdictKind,
 };
-use crate::event::{EventData, FdOp, NvmlGpu, NvmlProcess};
+use crate::event::{EventData, FdOp, LossKind, NvmlGpu, NvmlProcess};
 
 use super::run::{back, fd, gpu, verdict, Run, FILE, GIB, MS, SHELL};
 
@@ -62,6 +62,7 @@ fn memory_only_the_ledger_saw_on_a_gpu_is_awaited_there() {
     rm(3.1, RM_ALLOC, 0xd1, 0x101, 0x40, 4 * GIB);
     let two = |r: &mut Run, t_ms: f64, used: [u64; 2], listed: bool| {
         let gpu = |index: u32, used: u64, procs: Vec<NvmlProcess>| NvmlGpu {
+            utilization: None,
             index,
             used,
             total: 140 * GIB,
@@ -275,6 +276,66 @@ fn a_failed_nvml_reading_mid_teardown_never_says_the_memory_is_back() {
     let inc = r.last_of(10);
     assert_eq!(back(inc), Some(420_000_000));
     assert_eq!(verdict(inc), VerdictKind::Released);
+}
+
+/// What the busy-with-no-holder record says of who holds it, after a minute of a GPU with
+/// memory in use and nothing listed, following `before` (a run's start).
+fn holder_said(before: impl FnOnce(&mut Run)) -> Vec<(&'static str, Option<&'static str>)> {
+    let mut r = Run::new();
+    before(&mut r);
+    for s in 0..=61 {
+        r.nvml(f64::from(s) * 1000.0, 3 * GIB, &[]);
+    }
+    r.out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Unheld(u) => Some((u.holder, u.holder_view)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where linger may have missed a holder (records that may name one lost, opens untraced, a
+/// process whose descriptors /proc would not list, alive) the record says "unknown", not
+/// "nobody" with a reset; a process /proc would not list that died since does not count.
+#[test]
+fn a_gpu_busy_with_no_holder_known_says_unknown_where_one_may_have_been_missed() {
+    let loss = |what| EventData::Loss {
+        count: 1,
+        what,
+        period_ns: 1,
+    };
+    let unknown = |r: &[(&str, Option<&str>)]| r.len() == 1 && r[0].0 == "unknown";
+    assert_eq!(holder_said(|_| {}), [("nobody", None)]);
+    assert!(unknown(&holder_said(|r| r.feed(
+        0,
+        0.0,
+        loss(LossKind::Holders)
+    ))));
+    assert!(unknown(&holder_said(|r| r.feed(
+        0,
+        0.0,
+        loss(LossKind::Ring)
+    ))));
+    assert!(unknown(&holder_said(Run::lean)));
+    let unreadable = EventData::FdsUnreadable { holder: 40 };
+    assert!(unknown(&holder_said(|r| r.feed(
+        0,
+        0.0,
+        unreadable.clone()
+    ))));
+    // A loss of stack samples hides no holder; an unreadable process that died is no holder.
+    assert_eq!(
+        holder_said(|r| r.feed(0, 0.0, loss(LossKind::Stacks))),
+        [("nobody", None)]
+    );
+    assert_eq!(
+        holder_said(|r| {
+            r.feed(0, 0.0, unreadable);
+            r.die(40, &[], 1.0, 9);
+        }),
+        [("nobody", None)]
+    );
 }
 
 /// A GPU whose memory stays in use with no process listed and nobody holding its files is a

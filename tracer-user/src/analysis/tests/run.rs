@@ -241,6 +241,7 @@ pub(super) fn back(i: &Incident) -> Option<u64> {
 /// GPU `index`'s part of an NVML reading: its used memory and the figures NVML lists.
 pub(in crate::analysis) fn gpu(index: u32, used: u64, procs: &[(u32, u64)]) -> NvmlGpu {
     NvmlGpu {
+        utilization: None,
         index,
         used,
         total: 140 * GIB,

@@ -1,7 +1,8 @@
 //! A wedge without a kill (init.sh's stuck scenario): the GPU process whose close sleeps
 //! uninterruptibly in the stand-in driver's queue flush is reported stuck within 2 s of the
 //! threshold, with that function on its stack, and cleared once the close returns; the
-//! stopped GPU process beside it never is.
+//! stopped GPU process beside it never is. A close already asleep there when linger starts is
+//! found by its look at the start and reported the same way, said to have begun before.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -60,6 +61,51 @@ pub fn check(guest: &Guest) -> Result<()> {
     let asleep = cleared["asleep_s"].as_f64().context("asleep_s")?;
     if !(5.0..=15.0).contains(&asleep) {
         bail!("the 6 s stall cleared after {asleep} s asleep: {cleared}");
+    }
+    Ok(())
+}
+
+/// The wedge older than linger (init.sh's `early` scenario): reported stuck from the look at
+/// the start, within 2 s of the threshold counted from that look, with the flush on its /proc
+/// stack, and cleared once the stall is lifted.
+pub fn before_start(guest: &Guest) -> Result<()> {
+    guest.succeeded("early")?;
+    if guest.one("early-closed")? != "closed" {
+        bail!("the stalled close never returned");
+    }
+    let holder: u64 = guest.one("early-holder")?.parse()?;
+    let tracing: f64 = guest.one("early-tracing")?.parse()?;
+    let records: Vec<Value> = guest
+        .json("early-out")?
+        .into_iter()
+        .filter(|r| r["type"] == "stuck" && r["pid"] == holder)
+        .collect();
+    let [stuck, cleared] = records.as_slice() else {
+        bail!("not one stuck and one cleared record of {holder}: {records:?}");
+    };
+    if stuck["asleep_before_start"] != true || cleared["asleep_before_start"] != true {
+        bail!("the records do not say the sleep began before tracing: {records:?}");
+    }
+    let t = stuck["t_ns"].as_u64().context("t_ns")?;
+    let since = stuck["since_ns"].as_u64().context("since_ns")?;
+    // Found at the start: before linger said it was tracing.
+    if since as f64 > tracing * 1e9 {
+        bail!("found {since} ns after boot, after tracing began at {tracing} s: {stuck}");
+    }
+    if t < since + AFTER_NS || t - since - AFTER_NS > LATE_NS {
+        bail!(
+            "reported {} ms after it was found, not within 2 s of the 2 s threshold: {stuck}",
+            (t - since) / 1_000_000
+        );
+    }
+    let on_stack = stuck["frames"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == &format!("{FUNCTION}[nvidia]")));
+    if !on_stack || stuck["in_function"] != FUNCTION || stuck["cleared"] != false {
+        bail!("the stuck record does not name {FUNCTION} on its stack: {stuck}");
+    }
+    if cleared["cleared"] != true || cleared["since_ns"] != stuck["since_ns"] {
+        bail!("the second record is not the clearing of that sleep: {cleared}");
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
  * naming the caller, through the driver's one tracepoint, as the driver does when a kernel
  * of the process writes through a bad pointer. While `stall_ms` (writable) is non-zero, every
  * close of nvidia0-1 first sleeps uninterruptibly that long in nv_kthread_q_flush, as threads
- * of the real driver stay stuck flushing its queue. Each free's end is listed in
+ * of the real driver stay stuck flushing its queue; writing 0 ends the sleeps under way. Each free's end is listed in
  * /proc/linger-standin-frees ("TGID BOOTTIME_NS" lines), the truth of the VM's group-kill
  * test.
  */
@@ -22,6 +22,7 @@
 #include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/sched.h>
+#include <linux/wait.h>
 #include <linux/workqueue.h>
 
 #define CREATE_TRACE_POINTS
@@ -35,9 +36,24 @@
 
 static unsigned int delay_ms = 200;
 module_param(delay_ms, uint, 0444);
-/* A wedge: each close sleeps this long, uninterruptibly, in the queue flush. */
+/* A wedge: each close sleeps this long, uninterruptibly, in the queue flush; a write wakes
+ * the sleepers, and 0 lets them go (a test ends a long wedge once it has seen it). */
 static unsigned int stall_ms;
-module_param(stall_ms, uint, 0644);
+static DECLARE_WAIT_QUEUE_HEAD(stall_lifted);
+
+static int stall_set(const char *val, const struct kernel_param *kp)
+{
+	int err = param_set_uint(val, kp);
+
+	wake_up_all(&stall_lifted);
+	return err;
+}
+
+static const struct kernel_param_ops stall_ops = {
+	.set = stall_set,
+	.get = param_get_uint,
+};
+module_param_cb(stall_ms, &stall_ops, &stall_ms, 0644);
 /* Deferred closes finished, for the test to wait on. */
 static int deferred_closes;
 module_param(deferred_closes, int, 0444);
@@ -121,7 +137,8 @@ STANDIN void nv_kthread_q_flush(void *q)
 	unsigned int ms = READ_ONCE(stall_ms);
 
 	if (ms) {
-		msleep(ms);
+		/* Uninterruptible, as msleep: the thread shows in state D. */
+		wait_event_timeout(stall_lifted, !READ_ONCE(stall_ms), msecs_to_jiffies(ms));
 		WRITE_ONCE(stalls, stalls + 1);
 	}
 }
