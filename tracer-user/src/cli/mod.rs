@@ -17,7 +17,7 @@ mod wait;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tracer_user::{error::Error, escape};
 
 #[derive(Parser)]
@@ -65,7 +65,7 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match config::expand(std::env::args_os().collect()) {
+    let cli = match config::expand(&Cli::command(), std::env::args_os().collect()) {
         Ok(argv) => Cli::parse_from(argv),
         Err(e) => {
             eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
@@ -83,7 +83,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Live(args) => live::run(args),
         Command::Agent(args) => agent::run(args),
-        Command::Record(args) => record::run(args),
+        Command::Record(args) => record::run(args, usage_conflict),
         Command::Replay(args) => replay::run(args),
         Command::Export(args) => export::run(args),
         Command::Doctor(args) => doctor::run(args),
@@ -97,6 +97,13 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => failed(e),
     }
+}
+
+/// A usage mistake a command finds in its options, refused like clap's own (exit 2).
+fn usage_conflict(message: &str) -> ! {
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
 }
 
 fn failed(e: anyhow::Error) -> ExitCode {
