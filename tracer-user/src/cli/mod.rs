@@ -18,7 +18,7 @@ mod wait;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use tracer_user::{error::Error, escape};
+use tracer_user::{error::Error, escape, gate::Answer};
 
 #[derive(Parser)]
 #[command(
@@ -74,10 +74,15 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.verbose);
     if let Command::Wait(args) = cli.command {
-        // 1 is wait's timeout: its other failures exit 3 (2 still for permissions).
-        return wait::run(args).unwrap_or_else(|e| match failed(e) {
-            code if code == ExitCode::FAILURE => ExitCode::from(3),
-            code => code,
+        // 1 is wait's timeout: its other failures have answers of their own.
+        return wait::run(args).unwrap_or_else(|e| {
+            let answer = if is_permission(&e) {
+                Answer::NotPermitted
+            } else {
+                Answer::CannotTell
+            };
+            print_error(&e);
+            ExitCode::from(answer.exit_code())
         });
     }
     let result = match cli.command {
@@ -107,13 +112,17 @@ fn usage_conflict(message: &str) -> ! {
 }
 
 fn failed(e: anyhow::Error) -> ExitCode {
-    // Errors quote paths and trace contents, which others may have chosen.
-    eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
+    print_error(&e);
     if is_permission(&e) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn print_error(e: &anyhow::Error) {
+    // Errors quote paths and trace contents, which others may have chosen.
+    eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
 }
 
 fn is_permission(e: &anyhow::Error) -> bool {
