@@ -7,7 +7,7 @@ use std::{fmt::Write, fs, path::Path, process::Command, time::Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::{report::Target, Measured};
+use super::{results::Measured, table::Target};
 
 /// The campaign's size that the target asks for, without a finding.
 pub const RUNS_TARGET: u64 = 10_000_000;
