@@ -72,7 +72,7 @@ pub fn run(args: Args) -> Result<()> {
     let fuzz_target = crate::fuzz::build(fuzz::TARGET)?;
     // The kill-exec storm runs beside bpftrace on the same hooks too.
     if setup::which("bpftrace").is_none() {
-        crate::vm::install(&["bpftrace"])?;
+        crate::apt::install(&["bpftrace"])?;
     }
     let plan = if args.quick {
         Plan::quick()
