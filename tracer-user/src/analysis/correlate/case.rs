@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::analysis::{
-    holders::{FileId, Holder, How},
+    holding::{FileId, Holder, How},
     incident::{Incident, Source},
     ledger::LedgerPart,
     references::Unseen,

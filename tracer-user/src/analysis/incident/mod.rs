@@ -24,7 +24,7 @@ pub use self::{
     verdict_part::{Verdict, VerdictKind},
 };
 use super::{
-    holders::{HeldFile, Holder},
+    holding::{HeldFile, Holder},
     signals::Origin,
     teardown::{DriverRelease, PhaseTime},
 };
