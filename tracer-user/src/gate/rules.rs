@@ -93,7 +93,7 @@ pub struct InScope<'a> {
 }
 
 /// What a look found of one live process.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Process<'a> {
     pub pid: u32,
     /// Its /proc state letter (`D`: asleep in the kernel where no signal reaches it).
@@ -117,7 +117,7 @@ pub struct Process<'a> {
 }
 
 /// The gate's settings for every process of a look.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Policy {
     /// `--any-process`: any holder but those allowed keeps the GPUs.
     pub any_process: bool,

@@ -91,208 +91,234 @@ fn what_cannot_be_decided_is_refused_before_waiting() {
     }
 }
 
+/// One row of a table of who blocks: a process, the gate's policy, and the kind and words
+/// it blocks with (None: it does not).
+struct Case<'a> {
+    case: &'static str,
+    process: Process<'a>,
+    policy: Policy,
+    blocks: Option<(Kind, &'static str)>,
+}
+
+fn check(cases: &[Case]) {
+    for c in cases {
+        let got = blocks(&c.process, &c.policy);
+        assert_eq!(
+            got.as_ref().map(|(k, how)| (*k, how.as_str())),
+            c.blocks,
+            "{}",
+            c.case
+        );
+    }
+}
+
+const BASE: Process = Process {
+    pid: 200,
+    state: 'S',
+    session: 100,
+    ppid: 100,
+    exiting: false,
+    scope: None,
+    holding: None,
+    nvml_bytes: None,
+    shares_with: None,
+    got_from_scope: None,
+    allowed: false,
+};
+
+const NAMED: Option<InScope> = Some(InScope {
+    named: true,
+    why: "named",
+});
+const CHILD: Option<InScope> = Some(InScope {
+    named: false,
+    why: "child of 100",
+});
+const IN_CGROUP: Option<InScope> = Some(InScope {
+    named: false,
+    why: "in cgroup /job",
+});
+
+const NO_POLICY: Policy = Policy {
+    any_process: false,
+    unattributed: false,
+};
+const ANY_PROCESS: Policy = Policy {
+    any_process: true,
+    unattributed: false,
+};
+const UNATTRIBUTED: Policy = Policy {
+    any_process: false,
+    unattributed: true,
+};
+
 #[test]
-fn who_blocks_and_why() {
-    let two_fds = holding(2, 0);
-    let one_fd = holding(1, 0);
-    let mapped = holding(0, 1);
-    let named = Some(InScope {
-        named: true,
-        why: "named",
-    });
-    let child = Some(InScope {
-        named: false,
-        why: "child of 100",
-    });
-    let in_cgroup = Some(InScope {
-        named: false,
-        why: "in cgroup /job",
-    });
-    let base = Process {
-        pid: 200,
-        state: 'S',
-        session: 100,
-        ppid: 100,
-        ..Process::default()
-    };
-    let none = Policy::default();
-    let any = Policy {
-        any_process: true,
-        ..Policy::default()
-    };
-    let unattributed = Policy {
-        unattributed: true,
-        ..Policy::default()
-    };
-    let cases: [(&str, Process, Policy, Option<(Kind, &str)>); 13] = [
-        (
-            "a named process alive, holding nothing",
-            Process {
-                scope: named,
-                ..base
+fn members_of_the_scope_block_while_alive_named_or_holding() {
+    let (two_fds, one_fd) = (holding(2, 0), holding(1, 0));
+    check(&[
+        Case {
+            case: "a named process alive, holding nothing",
+            process: Process {
+                scope: NAMED,
+                ..BASE
             },
-            none,
-            Some((Kind::NotDead, "alive")),
-        ),
-        (
-            "a named process alive, with files and memory",
-            Process {
-                scope: named,
+            policy: NO_POLICY,
+            blocks: Some((Kind::NotDead, "alive")),
+        },
+        Case {
+            case: "a named process alive, with files and memory",
+            process: Process {
+                scope: NAMED,
                 holding: Some(&two_fds),
                 nvml_bytes: Some(Some(512 * MIB)),
-                ..base
+                ..BASE
             },
-            none,
-            Some((
+            policy: NO_POLICY,
+            blocks: Some((
                 Kind::NotDead,
                 "alive: 2 GPU descriptor(s), 512 MiB NVML accounts to it",
             )),
-        ),
-        (
-            "a forked worker that outlived the job, on its own",
-            Process {
-                scope: child,
+        },
+        Case {
+            case: "a forked worker that outlived the job, on its own",
+            process: Process {
+                scope: CHILD,
                 holding: Some(&one_fd),
                 session: 200,
                 ppid: 1,
-                ..base
+                ..BASE
             },
-            none,
-            Some((
+            policy: NO_POLICY,
+            blocks: Some((
                 Kind::LiveHolder,
                 "holds: 1 GPU descriptor(s) (child of 100): inherited from its parent, or \
                  opened itself; in a session of its own (setsid); orphaned (its parent is \
                  gone, init adopted it)",
             )),
-        ),
-        (
-            "a member sharing a file with another",
-            Process {
-                scope: in_cgroup,
+        },
+        Case {
+            case: "a member sharing a file with another",
+            process: Process {
+                scope: IN_CGROUP,
                 holding: Some(&one_fd),
                 nvml_bytes: Some(Some(MIB)),
                 shares_with: Some(201),
-                ..base
+                ..BASE
             },
-            none,
-            Some((
+            policy: NO_POLICY,
+            blocks: Some((
                 Kind::LiveHolder,
                 "holds: 1 GPU descriptor(s) (in cgroup /job): the same open GPU file as 201 \
                  (inherited or passed)",
             )),
-        ),
-        (
-            "a member listed by NVML alone",
-            Process {
-                scope: in_cgroup,
+        },
+        Case {
+            case: "a member listed by NVML alone",
+            process: Process {
+                scope: IN_CGROUP,
                 nvml_bytes: Some(None),
-                ..base
+                ..BASE
             },
-            none,
-            Some((
+            policy: NO_POLICY,
+            blocks: Some((
                 Kind::LiveHolder,
                 "holds (in cgroup /job): opened itself, or inherited in the scope",
             )),
-        ),
-        (
-            "a member exiting, its files not closed yet",
-            Process {
-                scope: child,
+        },
+        Case {
+            case: "a member exiting, its files not closed yet",
+            process: Process {
+                scope: CHILD,
                 exiting: true,
-                ..base
+                ..BASE
             },
-            none,
-            Some((
+            policy: NO_POLICY,
+            blocks: Some((
                 Kind::NotDead,
                 "exiting: what its exit closes may still be held",
             )),
-        ),
-        (
-            "a member holding nothing",
-            Process {
-                scope: child,
-                ..base
+        },
+        Case {
+            case: "a member holding nothing",
+            process: Process {
+                scope: CHILD,
+                ..BASE
             },
-            any,
-            None,
-        ),
-        (
-            "a process outside the scope with a file of the scope's",
-            Process {
+            policy: ANY_PROCESS,
+            blocks: None,
+        },
+    ]);
+}
+
+#[test]
+fn others_block_by_what_they_got_and_what_was_asked() {
+    let (one_fd, mapped) = (holding(1, 0), holding(0, 1));
+    check(&[
+        Case {
+            case: "a process outside the scope with a file of the scope's",
+            process: Process {
                 holding: Some(&one_fd),
                 got_from_scope: Some("inherited from 100"),
-                ..base
+                ..BASE
             },
-            any,
-            Some((Kind::SharedFd, "inherited from 100")),
-        ),
-        (
-            "any process: one not allowed, listed by NVML",
-            Process {
+            policy: ANY_PROCESS,
+            blocks: Some((Kind::SharedFd, "inherited from 100")),
+        },
+        Case {
+            case: "any process: one not allowed, listed by NVML",
+            process: Process {
                 nvml_bytes: Some(None),
-                ..base
+                ..BASE
             },
-            any,
-            Some((
+            policy: ANY_PROCESS,
+            blocks: Some((
                 Kind::GpuBusy,
                 "not allowed here: memory NVML accounts to it",
             )),
-        ),
-        (
-            "any process: one allowed",
-            Process {
+        },
+        Case {
+            case: "any process: one allowed",
+            process: Process {
                 holding: Some(&one_fd),
                 allowed: true,
-                ..base
+                ..BASE
             },
-            any,
-            None,
-        ),
-        (
-            "without NVML or the agent: a holder that may have the gone process's files",
-            Process {
+            policy: ANY_PROCESS,
+            blocks: None,
+        },
+        Case {
+            case: "without NVML or the agent: a holder that may have the gone process's files",
+            process: Process {
                 holding: Some(&mapped),
-                ..base
+                ..BASE
             },
-            unattributed,
-            Some((
+            policy: UNATTRIBUTED,
+            blocks: Some((
                 Kind::Unattributed,
                 "whose, nothing says: 1 mapping(s) of GPU files",
             )),
-        ),
-        (
-            "a holder outside the scope, nothing else asked",
-            Process {
+        },
+        Case {
+            case: "a holder outside the scope, nothing else asked",
+            process: Process {
                 holding: Some(&one_fd),
-                ..base
+                ..BASE
             },
-            none,
-            None,
-        ),
-        (
-            "outside the scope, holding nothing",
-            base,
-            unattributed,
-            None,
-        ),
-    ];
-    for (case, process, policy, want) in cases {
-        let got = blocks(&process, &policy);
-        assert_eq!(
-            got.as_ref().map(|(k, how)| (*k, how.as_str())),
-            want,
-            "{case}"
-        );
-    }
+            policy: NO_POLICY,
+            blocks: None,
+        },
+        Case {
+            case: "outside the scope, holding nothing",
+            process: BASE,
+            policy: UNATTRIBUTED,
+            blocks: None,
+        },
+    ]);
 }
 
 #[test]
 fn each_blocker_has_what_to_do() {
-    let p = Process {
-        pid: 200,
-        state: 'S',
-        ..Process::default()
-    };
+    let p = BASE;
     let cases = [
         (Kind::NotDead, "200 is still alive: SIGKILL it"),
         (
