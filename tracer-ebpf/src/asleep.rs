@@ -13,7 +13,7 @@ use tracer_common::{asleep::Asleep, Loss};
 
 use crate::{
     emit::{count_loss, current_ids, now_ns},
-    files::is_holder,
+    holders::is_holder,
     task::Task,
 };
 

@@ -16,7 +16,8 @@ use tracer_common::{
 use crate::{
     driver_hooks::{exit, file_entry, pending},
     emit::{count_loss, current_ids, emit},
-    files::{add_holder, is_self},
+    files::is_self,
+    holders::add_holder,
     ioctl::decode_rm,
     task::file_refcount,
 };

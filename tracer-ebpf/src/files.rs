@@ -9,10 +9,11 @@ use aya_ebpf::{
 use tracer_common::{FdOp, GpuCloseRange, GpuFd, Loss, FD_CLOEXEC, FD_WALK_MAX, FD_WALK_TRUNCATED};
 
 use crate::{
+    dying::is_dying,
     emit::{count_loss, current_ids, emit},
+    holders::{add_holder, is_holder},
     regs::syscall_args,
     task::{file_dev, file_refcount, FdTable, Task},
-    teardown::is_dying,
 };
 
 /// Char majors whose every minor is a GPU file (nvidia, nvidia-uvm, nvidia-caps). Filled by
@@ -23,11 +24,6 @@ pub static GPU_MAJORS: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
 /// Single devices (kernel dev_t) declared GPU files with `--gpu-device`.
 #[map]
 pub static GPU_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
-
-/// Processes that hold (or held) a GPU file: the early filter of the ioctl, close and exit
-/// programs. Kernel-maintained, seeded by user space with the holders found at start.
-#[map]
-pub static HOLDERS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
 /// Whether system call `nr` opens a file: x86-64's open, openat and openat2; arm64 has the
 /// generic table's numbers (no open, openat 56; openat2 has one number everywhere). With
@@ -46,18 +42,6 @@ const F_DUPFD_CLOEXEC: u64 = 1030;
 pub fn is_gpu_dev(dev: u32) -> bool {
     // SAFETY: values are plain bytes, not held beyond the lookup.
     unsafe { GPU_DEVS.get(dev).is_some() || GPU_MAJORS.get(dev >> 20).is_some() }
-}
-
-pub fn is_holder(tgid: u32) -> bool {
-    // SAFETY: as above.
-    unsafe { HOLDERS.get(tgid).is_some() }
-}
-
-/// Marks `tgid` a GPU holder; a full map is counted (its GPU work then goes unseen).
-pub fn add_holder(tgid: u32) {
-    if HOLDERS.insert(tgid, 0, 0).is_err() {
-        count_loss(Loss::Holders);
-    }
 }
 
 /// The GPU file at `fd` of the current process: (file, dev).

@@ -16,7 +16,8 @@ use tracer_common::{
 
 use crate::{
     emit::{current_ids, emit},
-    files::{gpu_file_at, is_holder},
+    files::gpu_file_at,
+    holders::is_holder,
     regs::{read_user, syscall_args},
 };
 

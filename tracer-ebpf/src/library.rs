@@ -13,7 +13,8 @@ use tracer_common::{FdOp, GpuFd, Loss};
 
 use crate::{
     emit::{count_loss, current_ids, emit},
-    files::{add_holder, gpu_file_at, installed, is_holder, is_self},
+    files::{gpu_file_at, installed, is_self},
+    holders::{add_holder, is_holder},
     ioctl,
 };
 

@@ -9,11 +9,12 @@ use tracer_common::{
 };
 
 use crate::{
+    dying::{start_dying, stop_dying},
     emit::{armed, emit, emit_waking, is_tracked, track, TRACKED},
-    files::{add_holder, is_holder, urgent, walk, HOLDERS},
+    files::{urgent, walk},
+    holders::{add_holder, is_holder, HOLDERS},
     regs::{read_user, syscall_args},
     task::Task,
-    teardown::{start_dying, stop_dying},
 };
 
 /// tp_btf sched_process_fork(struct task_struct *parent, struct task_struct *child).

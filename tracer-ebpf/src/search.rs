@@ -12,11 +12,7 @@ use aya_ebpf::{
 };
 use tracer_common::FdOp;
 
-use crate::{
-    emit::current_ids,
-    files::{add_holder, walk},
-    task::Task,
-};
+use crate::{emit::current_ids, files::walk, holders::add_holder, task::Task};
 
 /// Processes to walk, by tgid (value unused). Filled by user space; an entry goes with its walk.
 #[map]

@@ -9,10 +9,11 @@ use aya_log_ebpf::{debug, warn};
 use tracer_common::{SignalDeliver, SignalGenerate, SIGNAL_TARGET_EXITING, SIGNAL_TO_GROUP};
 
 use crate::{
+    dying::start_dying,
     emit::{armed, current_ids, emit_waking, is_tracked, now_ns, track},
-    files::{is_holder, lean, urgent},
+    files::{lean, urgent},
+    holders::is_holder,
     task::{read, Task},
-    teardown::start_dying,
 };
 
 const SIGCHLD: u32 = 17;

@@ -1,9 +1,10 @@
 //! Building and running linger with the eBPF toolchain on PATH.
 
-use std::{env, path::PathBuf, process::Command};
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 
+pub use crate::workspace::{cargo, workspace_root};
 use crate::{cross, setup};
 
 /// Which machine a build is for.
@@ -36,24 +37,6 @@ fn release_dir(arch: Arch) -> PathBuf {
             .join(cross::TARGET)
             .join("release"),
     }
-}
-
-/// A `cargo` command with bpf-linker first on PATH. xtask's builds and tests through it pass
-/// `--locked`: a stale Cargo.lock fails them instead of being rewritten.
-pub fn cargo() -> Result<Command> {
-    let bin = setup::run()?;
-    let mut paths = vec![bin];
-    paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
-    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.env("PATH", env::join_paths(paths)?);
-    Ok(cmd)
-}
-
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives inside the workspace")
-        .to_path_buf()
 }
 
 /// A locked release build of the tests' package (its programs and integration tests).

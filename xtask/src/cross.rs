@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
-use crate::{build, setup, vm};
+use crate::{apt, setup, workspace};
 
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 const GCC: &str = "aarch64-linux-gnu-gcc";
@@ -21,7 +21,7 @@ pub fn cargo(subcommand: &str) -> Result<Command> {
     // The compiler alone is not enough (the VM's tools install it without the C library's
     // headers, a mere recommendation of its package): ring's C needs both.
     if setup::which(GCC).is_none() || !std::path::Path::new(LIBC_HEADER).exists() {
-        vm::install(&["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"])?;
+        apt::install(&["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"])?;
     }
     let rustup = Command::new("rustup")
         .args(["target", "add", TARGET])
@@ -29,7 +29,7 @@ pub fn cargo(subcommand: &str) -> Result<Command> {
     if !rustup.is_ok_and(|s| s.success()) {
         bail!("rustup target add {TARGET} failed");
     }
-    let mut cargo = build::cargo()?;
+    let mut cargo = workspace::cargo()?;
     cargo
         .args([subcommand, "--target", TARGET])
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", GCC)

@@ -34,7 +34,7 @@ fn root(name: &str, include: &[&str], foreign: Option<&str>) -> Result<PathBuf> 
         return Ok(root);
     }
     if setup::which("debootstrap").is_none() {
-        crate::vm::install(&["debootstrap"])?;
+        crate::apt::install(&["debootstrap"])?;
     }
     let partial = root.with_extension("partial");
     if partial.exists() {

@@ -30,7 +30,7 @@ pub fn build(
         .iter()
         .any(|p| setup::which(p).is_none())
     {
-        crate::vm::install(&["buildah", "podman", "runc"])?;
+        crate::apt::install(&["buildah", "podman", "runc"])?;
     }
     let name = format!("{REPOSITORY}:{version}");
     // The base as one layer, without what debootstrap leaves that a container gets from its

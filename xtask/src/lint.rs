@@ -1,7 +1,10 @@
-//! `cargo xtask lint`: rustfmt's check, the size of the library's files, then clippy on the
-//! host workspace and on the eBPF crate (for each architecture it is built for) with warnings
+//! `cargo xtask lint`: rustfmt's check, the size of the library's files, no import circle
+//! between the product's files, then clippy on the host workspace and on the eBPF crate (for each architecture it is built for) with warnings
 //! as errors, functions over clippy.toml's 120 lines among them (CI runs it before the tests,
 //! to fail early).
+
+mod circles;
+mod rust_paths;
 
 use std::{path::Path, process::Command};
 
@@ -20,6 +23,7 @@ pub fn run() -> Result<()> {
     )
     .context("cargo fmt --all --check found unformatted code: run `cargo fmt --all`")?;
     file_sizes(&root.join("tracer-user/src"))?;
+    circles::check(&root)?;
     // tracer-ebpf targets bpfel with nightly (tracer-user's build.rs builds it, and with it
     // the eBPF toolchain, which build::cargo installs first): the host workspace is the rest.
     setup::status(build::cargo()?.current_dir(&root).args([

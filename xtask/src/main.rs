@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask <setup|build|run|lint|test|vm|bench>`.
 
+mod apt;
 mod bench;
 mod budget;
 mod build;
@@ -14,6 +15,7 @@ mod python;
 mod setup;
 mod test;
 mod vm;
+mod workspace;
 
 use build::Arch;
 use clap::{Parser, Subcommand};

@@ -33,7 +33,7 @@ pub fn env() -> Result<PathBuf> {
     };
     if !make() {
         // Debian's python3 makes environments with its python3-venv package.
-        crate::vm::install(&["python3-venv"])?;
+        crate::apt::install(&["python3-venv"])?;
         if !make() {
             bail!("{} -m venv {} failed", base.display(), env.display());
         }

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build, vm};
+use crate::{apt, build, vm};
 
 pub fn run(args: &[String]) -> Result<()> {
     let bin = build::linger(build::Arch::Host)?;
@@ -17,14 +17,14 @@ pub fn run(args: &[String]) -> Result<()> {
         .iter()
         .any(|p| crate::setup::which(p).is_none())
     {
-        vm::install(&["prometheus"])?;
+        apt::install(&["prometheus"])?;
     }
     // The Slurm kit's test runs a real single-node Slurm, from Debian's packages.
     if ["munged", "slurmctld", "slurmd"]
         .iter()
         .any(|p| !std::path::Path::new("/usr/sbin").join(p).exists())
     {
-        vm::install(&["slurm-wlm", "munge"])?;
+        apt::install(&["slurm-wlm", "munge"])?;
     }
     // The Kubernetes manifests' offline schema check, from PyPI into a virtual environment
     // whose python3 the tests find first; the overlays built by Debian's kubectl; the systemd
@@ -32,14 +32,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let python = crate::python::env()?;
     let kubectl = crate::kubectl::debian()?;
     if crate::setup::which("systemd-analyze").is_none() {
-        vm::install(&["systemd"])?;
+        apt::install(&["systemd"])?;
     }
     // The Debian package, installed by its test into a clean Debian 12 root; the agent's
     // image, run by its test with the DaemonSet's security settings; their arm64 twins.
     let dist = crate::dist::run()?;
     // The arm64 image's test runs its binary under qemu's user mode.
     if crate::setup::which("qemu-aarch64-static").is_none() {
-        vm::install(&["qemu-user-static"])?;
+        apt::install(&["qemu-user-static"])?;
     }
     let debian_root = crate::debian::systemd_root()?;
     // Tests that cannot build their environment here say so in this file (tests/src/lib.rs).

@@ -13,12 +13,13 @@ mod image;
 mod kernels;
 mod record;
 mod standin;
+mod suite;
 
 use std::{
     env, fs,
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     sync::mpsc,
     thread,
     time::Instant,
@@ -27,10 +28,13 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
+    apt::install,
     build::{self, Arch},
     setup,
 };
 use guest::Guest;
+use kernels::{stock_kernel, Kernel};
+use suite::{HOST_TESTS, MARK, STANDIN_TESTS};
 
 /// Packages the VM needs, from Debian's archive: installed when missing.
 const PACKAGES: &[&str] = &[
@@ -42,19 +46,6 @@ const PACKAGES: &[&str] = &[
     "dwarves",
 ];
 
-/// The host's integration tests (tests/tests/NAME.rs) that need no GPU and no tool the guest's
-/// busybox lacks: run in the guest too, so that what they assert holds on kernels that allow
-/// fentry and kprobes, not only on the build machine's.
-pub const HOST_TESTS: &[&str] = &["doctor", "cli_errors", "gpu_errors"];
-
-/// Integration tests the guest runs on the stand-in driver (its closes sleep, as a GPU's
-/// teardown does), once for each strategy: the stock kernel's driver hooks (`hooks`) and the
-/// GPU machines' kernel's, without kprobes or fentry (`locked`). init.sh runs each as
-/// /standin-test-NAME.
-pub const STANDIN_TESTS: &[&str] = &["group_kills"];
-/// The strategies STANDIN_TESTS run with, as init.sh names them.
-pub const STRATEGIES: [&str; 2] = ["hooks", "locked"];
-
 /// The arm64 guests' tools beyond the x86-64 ones': the emulator, the cross compiler, and
 /// qemu-user for the arm64 ldconfig (image.rs); each with its Debian package.
 const ARM64_TOOLS: [(&str, &str); 4] = [
@@ -63,9 +54,6 @@ const ARM64_TOOLS: [(&str, &str); 4] = [
     ("aarch64-linux-gnu-readelf", "binutils-aarch64-linux-gnu"),
     ("qemu-aarch64-static", "qemu-user-static"),
 ];
-
-/// What marks the guest's result lines on the console.
-const MARK: &str = "LINGER-VM ";
 
 /// Boots each kernel of the matrix (or the one `only` names) and runs its checks: (passed,
 /// failed) over all of them. A kernel that cannot be fetched, or have its module built, counts
@@ -80,13 +68,12 @@ pub fn run(only: Option<&str>, arch: Arch) -> Result<(u64, u64)> {
         return Ok((0, 0));
     }
     let guest = Guest { arch };
-    let specs: Vec<&kernels::Spec> = guest
-        .matrix()
+    let specs: Vec<&kernels::Spec> = kernels::matrix(guest)
         .iter()
         .filter(|k| only.is_none_or(|name| name == k.name))
         .collect();
     if specs.is_empty() {
-        let names: Vec<&str> = guest.matrix().iter().map(|k| k.name).collect();
+        let names: Vec<&str> = kernels::matrix(guest).iter().map(|k| k.name).collect();
         bail!("no kernel {only:?} in the matrix ({})", names.join(", "));
     }
     ensure_packages(guest)?;
@@ -226,47 +213,6 @@ pub fn check_saved(path: &Path) -> Result<(u64, u64)> {
     checks::run(&console)
 }
 
-pub struct Kernel {
-    pub vmlinuz: PathBuf,
-    /// `uname -r` of it, e.g. 6.1.0-57-amd64.
-    pub release: String,
-    /// Its headers' directory, for building modules.
-    pub headers: PathBuf,
-}
-
-/// The newest Debian stock kernel in /boot.
-fn stock_kernel() -> Result<Kernel> {
-    let mut found: Vec<(Vec<u64>, Kernel)> = fs::read_dir("/boot")
-        .context("reading /boot")?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let release = name.strip_prefix("vmlinuz-")?.to_string();
-            release.ends_with("-amd64").then(|| {
-                let version = release
-                    .split(|c: char| !c.is_ascii_digit())
-                    .filter_map(|n| n.parse().ok())
-                    .collect();
-                let vmlinuz = e.path();
-                let headers = PathBuf::new();
-                (
-                    version,
-                    Kernel {
-                        vmlinuz,
-                        release,
-                        headers,
-                    },
-                )
-            })
-        })
-        .collect();
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    found
-        .pop()
-        .map(|(_, k)| k)
-        .context("no /boot/vmlinuz-*-amd64 although linux-image-amd64 is installed")
-}
-
 fn ensure_packages(guest: Guest) -> Result<()> {
     let have = |tools: &[&str]| tools.iter().all(|t| setup::which(t).is_some());
     if stock_kernel().is_err() || !have(&["qemu-system-x86_64", "busybox", "cpio", "pahole"]) {
@@ -276,31 +222,6 @@ fn ensure_packages(guest: Guest) -> Result<()> {
         install(&ARM64_TOOLS.map(|(_, package)| package))?;
     }
     Ok(())
-}
-
-/// `apt-get install`, refreshing the package lists once if the first attempt fails.
-pub fn install(packages: &[&str]) -> Result<()> {
-    if setup::which("apt-get").is_none() {
-        bail!(
-            "the test VM needs {} from Debian's archive, and apt-get is not available here",
-            packages.join(" ")
-        );
-    }
-    eprintln!("xtask vm: installing {}", packages.join(" "));
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let mut args = vec!["install", "-y", "--no-install-recommends"];
-    args.extend(packages);
-    if apt(&args) || (apt(&["update"]) && apt(&args)) {
-        Ok(())
-    } else {
-        bail!("apt-get install {} failed", packages.join(" "))
-    }
 }
 
 /// Boots the guest and returns its console output; the whole of it is also saved to `log`.

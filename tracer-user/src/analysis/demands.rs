@@ -1,7 +1,7 @@
 //! What the analysis wants of the live sources after a batch of events: handed out once per
 //! batch, in place of flags shared between the two.
 
-use super::{memory::NvmlNeed, Correlator};
+use super::{correlate::Correlator, memory::NvmlNeed};
 
 /// The analysis's wishes after a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@ pub mod correlate;
 mod demands;
 pub mod gpu_errors;
 pub mod holders;
+mod holding;
 mod id_map;
 pub mod incident;
 pub mod ledger;

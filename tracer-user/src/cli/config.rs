@@ -4,15 +4,14 @@
 use std::{ffi::OsString, fs};
 
 use anyhow::{bail, Context};
-use clap::{ArgAction, CommandFactory};
+use clap::ArgAction;
 use toml::Value;
-
-use super::Cli;
 
 const COMMAND: &str = "agent";
 
-/// `argv` with the options of the agent's `--config` file inserted right after `agent`.
-pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+/// `argv` with the options of the agent's `--config` file inserted right after `agent`;
+/// `cli` is the whole command line's parser, which knows the agent's options.
+pub fn expand(cli: &clap::Command, argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let Some(at) = argv.iter().position(|a| a == COMMAND) else {
         return Ok(argv);
     };
@@ -30,7 +29,7 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
         .filter_map(|a| a.strip_prefix("--"))
         .map(|a| a.split('=').next().unwrap_or(a).to_string())
         .collect();
-    let options = options(&table, &given)
+    let options = options(cli, &table, &given)
         .with_context(|| format!("in the config file {}", path.to_string_lossy()))?;
     let mut out = argv[..=at].to_vec();
     out.extend(options.into_iter().map(OsString::from));
@@ -52,8 +51,11 @@ fn config_path(args: &[OsString]) -> Option<OsString> {
 }
 
 /// The file's keys as options; repeatable options the command line gives are left to it.
-fn options(table: &toml::Table, given: &[String]) -> anyhow::Result<Vec<String>> {
-    let cli = Cli::command();
+fn options(
+    cli: &clap::Command,
+    table: &toml::Table,
+    given: &[String],
+) -> anyhow::Result<Vec<String>> {
     let Some(cmd) = cli.find_subcommand(COMMAND) else {
         unreachable!("the agent command exists");
     };
@@ -102,10 +104,10 @@ fn scalar(key: &str, v: &Value) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     use super::*;
-    use crate::cli::Command;
+    use crate::cli::{Cli, Command};
 
     fn agent(argv: &[&str], config: &str) -> anyhow::Result<super::super::agent::Args> {
         parse(argv, config)
@@ -132,7 +134,7 @@ mod tests {
             .collect();
         full.push(path.into_os_string());
         full.extend(argv.iter().map(OsString::from));
-        let cli = Cli::try_parse_from(expand(full)?)?;
+        let cli = Cli::try_parse_from(expand(&Cli::command(), full)?)?;
         match cli.command {
             Command::Agent(a) => Ok(a),
             _ => bail!("not the agent"),

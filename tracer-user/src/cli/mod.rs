@@ -17,8 +17,8 @@ mod wait;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use tracer_user::{error::Error, escape};
+use clap::{CommandFactory, Parser, Subcommand};
+use tracer_user::{error::Error, escape, gate::Answer};
 
 #[derive(Parser)]
 #[command(
@@ -65,7 +65,7 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match config::expand(std::env::args_os().collect()) {
+    let cli = match config::expand(&Cli::command(), std::env::args_os().collect()) {
         Ok(argv) => Cli::parse_from(argv),
         Err(e) => {
             eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
@@ -74,16 +74,21 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.verbose);
     if let Command::Wait(args) = cli.command {
-        // 1 is wait's timeout: its other failures exit 3 (2 still for permissions).
-        return wait::run(args).unwrap_or_else(|e| match failed(e) {
-            code if code == ExitCode::FAILURE => ExitCode::from(3),
-            code => code,
+        // 1 is wait's timeout: its other failures have answers of their own.
+        return wait::run(args).unwrap_or_else(|e| {
+            let answer = if is_permission(&e) {
+                Answer::NotPermitted
+            } else {
+                Answer::CannotTell
+            };
+            print_error(&e);
+            ExitCode::from(answer.exit_code())
         });
     }
     let result = match cli.command {
         Command::Live(args) => live::run(args),
         Command::Agent(args) => agent::run(args),
-        Command::Record(args) => record::run(args),
+        Command::Record(args) => record::run(args, usage_conflict),
         Command::Replay(args) => replay::run(args),
         Command::Export(args) => export::run(args),
         Command::Doctor(args) => doctor::run(args),
@@ -99,14 +104,25 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A usage mistake a command finds in its options, refused like clap's own (exit 2).
+fn usage_conflict(message: &str) -> ! {
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
+}
+
 fn failed(e: anyhow::Error) -> ExitCode {
-    // Errors quote paths and trace contents, which others may have chosen.
-    eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
+    print_error(&e);
     if is_permission(&e) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn print_error(e: &anyhow::Error) {
+    // Errors quote paths and trace contents, which others may have chosen.
+    eprintln!("linger: {}", escape::terminal_lines(&format!("{e:#}")));
 }
 
 fn is_permission(e: &anyhow::Error) -> bool {

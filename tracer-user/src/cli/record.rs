@@ -18,21 +18,18 @@ pub struct Args {
 }
 
 /// Records until `--duration`, `--count` incidents or Ctrl-C; prints only a summary.
-pub fn run(mut args: Args) -> anyhow::Result<()> {
+/// `usage_conflict` refuses a usage mistake as clap refuses its own.
+pub fn run(mut args: Args, usage_conflict: fn(&str) -> !) -> anyhow::Result<()> {
     if args.live.recording.path.is_some() {
         bail!("`linger record` writes to -o FILE; --record is for `linger live`");
     }
     if args.live.json || args.live.events {
-        // A usage mistake, refused like clap's own before anything is loaded: the output
-        // the flag asks for would silently not be there.
-        use clap::CommandFactory;
-        super::Cli::command()
-            .error(
-                clap::error::ErrorKind::ArgumentConflict,
-                "`linger record` prints no incidents or events, only a summary; for both, run \
-                 `linger live --json [--events] --record FILE`",
-            )
-            .exit();
+        // Refused before anything is loaded: the output the flag asks for would silently
+        // not be there.
+        usage_conflict(
+            "`linger record` prints no incidents or events, only a summary; for both, run \
+             `linger live --json [--events] --record FILE`",
+        );
     }
     args.live.recording.path = Some(args.output);
     let live = Live::load(live::config(&args.live)?)?;

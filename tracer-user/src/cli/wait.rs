@@ -4,7 +4,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use tracer_user::{
-    gate::{self, report, Request},
+    gate::{self, report, Answer, Request},
     sink::json,
 };
 
@@ -99,9 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", report::render(&report));
     }
-    Ok(if report.clean {
-        ExitCode::SUCCESS
+    let answer = if report.clean {
+        Answer::Clean
     } else {
-        ExitCode::from(1)
-    })
+        Answer::Held
+    };
+    Ok(ExitCode::from(answer.exit_code()))
 }

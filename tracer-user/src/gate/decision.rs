@@ -30,7 +30,8 @@ use super::{
     holdings::{self, Holding, Nodes},
     log::Log,
     released::Releases,
-    scope::{Member, Scope, Selectors},
+    rules::{self, Answer, InScope, Policy, Process},
+    scope::{Scope, Selectors},
 };
 
 /// A look at every process at least this often while something blocks: new holders are
@@ -142,7 +143,12 @@ impl Gate {
     }
 
     pub fn is_clean(&self) -> bool {
-        self.blockers.is_empty() && self.dead.is_empty() && self.nvml_failures == 0
+        self.answer() == Answer::Clean
+    }
+
+    /// What `linger wait` answers after the last look.
+    pub fn answer(&self) -> Answer {
+        rules::answer(self.blockers.len(), self.dead.len(), self.nvml_failures)
     }
 
     /// NVML's reading of the scope's GPUs: memory of dead processes into `dead`; returns
@@ -306,37 +312,44 @@ impl Gate {
                     .as_ref()
                     .is_none_or(|log| log.incident(pid, None).is_none())
             });
+        let policy = Policy {
+            any_process: self.cfg.any_process,
+            unattributed,
+        };
         let mut blockers = Vec::new();
         for (&pid, s) in procs.iter().filter(|(_, s)| alive(s)) {
-            let h = held.get(&pid);
-            let nvml_bytes = listed.get(&pid).copied();
-            let holds = h.is_some() || nvml_bytes.is_some();
             let member = self.scope.member(pid, s.start_ticks);
-            let allowed = self.cfg.allowed.contains(&pid);
-            let (kind, how) = match member {
-                Some(m) if m.named => (Kind::NotDead, held_how(h, nvml_bytes, "alive")),
-                Some(m) if holds => (Kind::LiveHolder, self.member_how(pid, s, m, h, &held)),
-                // Its exit closes what it held after /proc stopped listing it, and a close
-                // stuck in a driver keeps it: gone only once it is.
-                Some(_) if s.exiting => (
-                    Kind::NotDead,
-                    "exiting: what its exit closes may still be held".into(),
-                ),
-                _ if !holds => continue,
-                None if self.shared.contains_key(&(pid, s.start_ticks)) => {
-                    (Kind::SharedFd, self.shared[&(pid, s.start_ticks)].clone())
-                }
-                None if from_log.contains_key(&pid) => (Kind::SharedFd, from_log[&pid].clone()),
-                _ if self.cfg.any_process && !allowed => {
-                    (Kind::GpuBusy, held_how(h, nvml_bytes, "not allowed here"))
-                }
-                None if unattributed && !allowed => (
-                    Kind::Unattributed,
-                    held_how(h, nvml_bytes, "whose, nothing says"),
-                ),
-                _ => continue,
+            let h = held.get(&pid);
+            let process = Process {
+                pid,
+                state: s.state,
+                session: s.session,
+                ppid: s.ppid,
+                exiting: s.exiting,
+                scope: member.map(|m| InScope {
+                    named: m.named,
+                    why: &m.why,
+                }),
+                holding: h,
+                nvml_bytes: listed.get(&pid).copied(),
+                // Only a holding member's words name it.
+                shares_with: member.and(h).and_then(|h| self.sharing(pid, h, &held)),
+                got_from_scope: self
+                    .shared
+                    .get(&(pid, s.start_ticks))
+                    .or_else(|| from_log.get(&pid))
+                    .map(String::as_str),
+                allowed: self.cfg.allowed.contains(&pid),
             };
-            blockers.push(blocker(kind, pid, s, member, how, h, nvml_bytes));
+            if let Some((kind, how)) = rules::blocks(&process, &policy) {
+                blockers.push(blocker(
+                    kind,
+                    &process,
+                    s,
+                    member.map(|m| m.why.clone()),
+                    how,
+                ));
+            }
         }
         blockers.sort_by_key(|b| (b.kind, b.pid));
         self.blockers = blockers;
@@ -412,36 +425,12 @@ impl Gate {
         out
     }
 
-    /// How a member came to hold what it holds.
-    fn member_how(
-        &self,
-        pid: u32,
-        s: &ProcStat,
-        m: &Member,
-        h: Option<&Holding>,
-        held: &HashMap<u32, Holding>,
-    ) -> String {
-        let sharing = h.and_then(|h| {
-            held.iter()
-                .filter(|(&other, _)| other != pid && self.scope.ever(other))
-                .find(|(_, o)| h.shares_with(o))
-                .map(|(&other, _)| other)
-        });
-        let got = match sharing {
-            Some(other) => format!("the same open GPU file as {other} (inherited or passed)"),
-            None if m.why.starts_with("child of") => {
-                "inherited from its parent, or opened itself".into()
-            }
-            None => "opened itself, or inherited in the scope".into(),
-        };
-        let mut how = format!("{} ({}): {got}", held_how(h, None, "holds"), m.why);
-        if s.session == pid {
-            how.push_str("; in a session of its own (setsid)");
-        }
-        if s.ppid == 1 {
-            how.push_str("; orphaned (its parent is gone, init adopted it)");
-        }
-        how
+    /// Another process the scope ever had that holds an open GPU file `h` (of `pid`) holds.
+    fn sharing(&self, pid: u32, h: &Holding, held: &HashMap<u32, Holding>) -> Option<u32> {
+        held.iter()
+            .filter(|(&other, _)| other != pid && self.scope.ever(other))
+            .find(|(_, o)| h.shares_with(o))
+            .map(|(&other, _)| other)
     }
 }
 
@@ -454,78 +443,26 @@ fn listed(gpus: &[NvmlGpu]) -> impl Iterator<Item = (u32, &crate::event::NvmlPro
         .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
 }
 
-/// What a process holds, in words: its descriptors, mappings and NVML memory.
-fn held_how(h: Option<&Holding>, nvml_bytes: Option<Option<u64>>, lead: &str) -> String {
-    let mut parts = Vec::new();
-    if let Some(h) = h {
-        if !h.fds.is_empty() {
-            parts.push(format!("{} GPU descriptor(s)", h.fds.len()));
-        }
-        if !h.mapped.is_empty() {
-            parts.push(format!("{} mapping(s) of GPU files", h.mapped.len()));
-        }
-    }
-    match nvml_bytes {
-        Some(Some(b)) => parts.push(format!("{} MiB NVML accounts to it", b >> 20)),
-        Some(None) => parts.push("memory NVML accounts to it".into()),
-        None => {}
-    }
-    if parts.is_empty() {
-        lead.to_string()
-    } else {
-        format!("{lead}: {}", parts.join(", "))
-    }
-}
-
-fn blocker(
-    kind: Kind,
-    pid: u32,
-    s: &ProcStat,
-    member: Option<&Member>,
-    how: String,
-    h: Option<&Holding>,
-    nvml_bytes: Option<Option<u64>>,
-) -> Blocker {
-    let info = procfs::proc_info(pid, &procfs::Describe::default());
+fn blocker(kind: Kind, p: &Process, s: &ProcStat, scope: Option<String>, how: String) -> Blocker {
+    let info = procfs::proc_info(p.pid, &procfs::Describe::default());
     Blocker {
         kind,
-        pid,
+        pid: p.pid,
         comm: s.comm.clone(),
         state: s.state,
         ppid: s.ppid,
         session: s.session,
         start_ticks: s.start_ticks,
-        scope: member.map(|m| m.why.clone()),
-        hint: hint(kind, pid, s),
+        scope,
+        hint: rules::hint(kind, p),
         how,
         cgroup: info.as_ref().map(|i| i.cgroup.clone()).unwrap_or_default(),
         workload: info.and_then(|i| i.workload),
-        fds: h
+        fds: p
+            .holding
             .map(|h| h.fds.iter().map(|f| f.fd).collect())
             .unwrap_or_default(),
-        mappings: h.map_or(0, |h| h.mapped.len()),
-        nvml_bytes: nvml_bytes.flatten(),
-    }
-}
-
-fn hint(kind: Kind, pid: u32, s: &ProcStat) -> String {
-    if s.state == 'D' {
-        return format!(
-            "{pid} sleeps in the kernel where no signal reaches it (a driver call?): a SIGKILL \
-             waits for the call to return; if it does not, drain the node"
-        );
-    }
-    match kind {
-        Kind::NotDead => format!("{pid} is still alive: SIGKILL it"),
-        Kind::LiveHolder => format!(
-            "{pid} outlived the job and keeps its GPU memory: SIGKILL it (and fix whatever \
-             forked it to let its workers die with it)"
-        ),
-        Kind::SharedFd => format!("stop {pid}, or have it close the GPU files it got"),
-        Kind::GpuBusy => format!("stop {pid}, or allow it with --allow-pid {pid}"),
-        Kind::Unattributed => format!(
-            "stop {pid} if it is the job's; to know, start the gate before the kill, scope it \
-             by cgroup, job or pod, or run `linger agent`"
-        ),
+        mappings: p.holding.map_or(0, |h| h.mapped.len()),
+        nvml_bytes: p.nvml_bytes.flatten(),
     }
 }

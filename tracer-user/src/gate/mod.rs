@@ -9,10 +9,12 @@
 //! holding any on the GPUs but those allowed; always, no GPU memory NVML accounts to a dead
 //! process. Without NVML the GPU files alone decide (descriptors and memory mappings).
 //!
-//! Where each part lives: [`scope`] (what belongs to the scope: a new scope is one selector
-//! there), [`decision`] (each look at the processes and GPUs, and who blocks), [`gpus`] (which
-//! GPUs: a new GPU selector goes there), [`report`] (the answer: a new answer field goes there),
-//! [`log`] (the agent's incident log), [`scoping`] (a request turned into what to look at).
+//! Where each part lives: [`request`] (what to wait for), [`scope`] (what belongs to the
+//! scope: a new scope is one selector there), [`decision`] (each look at the processes and
+//! GPUs), [`rules`] (who blocks, and the answer with its exit code, from plain data: a new
+//! rule goes there), [`gpus`] (which GPUs: a new GPU selector goes there), [`report`] (the
+//! answer: a new answer field goes there), [`log`] (the agent's incident log), [`scoping`] (a
+//! request turned into what to look at).
 
 mod decision;
 mod estimate;
@@ -22,6 +24,8 @@ mod holdings;
 mod log;
 mod released;
 pub mod report;
+mod request;
+mod rules;
 mod scope;
 mod scoping;
 
@@ -30,6 +34,8 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
+
+pub use self::{request::Request, rules::Answer};
 
 use crate::{
     error::Error,
@@ -47,29 +53,6 @@ use self::{
 /// How often the gate looks while waiting.
 const POLL: Duration = Duration::from_millis(40);
 
-/// What to wait for, and how (`linger wait`'s options, docs/gate.md).
-#[derive(Clone, Debug, Default)]
-pub struct Request {
-    pub pids: Vec<u32>,
-    pub pgids: Vec<u32>,
-    pub cgroups: Vec<String>,
-    pub jobs: Vec<u64>,
-    pub pods: Vec<String>,
-    pub gpus: Vec<u32>,
-    pub uuids: Vec<String>,
-    /// The GPUs the job's environment names (SLURM_JOB_GPUS and the like).
-    pub job_gpus: bool,
-    pub any_process: bool,
-    /// Processes `any_process` lets hold GPU files.
-    pub allowed: Vec<u32>,
-    pub timeout: Option<Duration>,
-    pub gpu_devices: Vec<PathBuf>,
-    /// Where the agent keeps its incident log.
-    pub state_dir: PathBuf,
-    /// Decide from this pid namespace's processes alone.
-    pub allow_partial_view: bool,
-}
-
 /// Waits until the GPUs are clean for the next job or the timeout passes, and says why not;
 /// an error when it cannot tell.
 pub fn decide(args: &Request) -> anyhow::Result<Report> {
@@ -77,18 +60,7 @@ pub fn decide(args: &Request) -> anyhow::Result<Report> {
         .map_err(Error::from)?;
     let mut notes = Vec::new();
     if let Some(ns) = procfs::partial_pid_view() {
-        anyhow::ensure!(
-            args.allow_partial_view,
-            "/proc shows only the processes of pid namespace {ns}, not the host's: a holder \
-             outside it (another pod's worker) cannot be seen, so no GPU can be called clean \
-             from here: cannot tell. Run in the host's pid namespace (hostPID: true in a pod, \
-             as deploy/kubernetes/examples/gpu-pod-gated.yaml does), or pass \
-             --allow-partial-view to decide from this namespace's processes and NVML alone"
-        );
-        notes.push(format!(
-            "/proc shows only pid namespace {ns} (--allow-partial-view): holders outside it \
-             are not seen"
-        ));
+        notes.push(rules::partial_view(ns, args.allow_partial_view).map_err(anyhow::Error::msg)?);
     }
     let reader = nvml::Reader::open();
     let known = known_gpus(&reader, &mut notes);
@@ -114,14 +86,12 @@ pub fn decide(args: &Request) -> anyhow::Result<Report> {
             reader,
             indices: scoped.indices.clone(),
         }),
-        Err(e) if devices.majors.is_empty() && devices.devs.is_empty() => {
-            anyhow::bail!("{e}, and no GPU device file to look at: cannot tell")
+        Err(e) => {
+            let has_gpu_files = !devices.majors.is_empty() || !devices.devs.is_empty();
+            let names_processes = !selectors.is_empty() || args.any_process;
+            rules::without_nvml(&e, has_gpu_files, names_processes).map_err(anyhow::Error::msg)?;
+            None
         }
-        Err(e) if selectors.is_empty() && !args.any_process => anyhow::bail!(
-            "{e}: without NVML, name what to wait for (--pid, --pgid, --cgroup, --slurm-job, \
-             --pod or --any-process)"
-        ),
-        Err(_) => None,
     };
     let scope_report = scope_report(args, &selectors, &scoped, gpus_from, &discovered);
     let log = args
@@ -140,7 +110,7 @@ pub fn decide(args: &Request) -> anyhow::Result<Report> {
         log,
     });
     let waited = wait(&mut gate, args.timeout);
-    if !gate.is_clean() && gate.blockers.is_empty() && gate.dead.is_empty() {
+    if gate.answer() == Answer::CannotTell {
         anyhow::bail!(
             "NVML failed to read the GPUs ({} failed answer(s)) until the timeout: cannot tell",
             gate.nvml_failures

@@ -7,8 +7,8 @@ use super::{
     decision::Gate,
     gpus::{self, GpuRef, Identity},
     report::{GpuReport, ScopeReport},
+    request::Request,
     scope::{self, Selectors},
-    Request,
 };
 use crate::{probe::devices::GpuDevices, source::nvml};
 

@@ -17,7 +17,7 @@ use std::{
 use log::warn;
 use prometheus_client::metrics::counter::Counter;
 
-use super::create_state_dir;
+use super::state_dir::create_state_dir;
 use crate::escape;
 
 pub const FILE_NAME: &str = "incidents.jsonl";

@@ -330,7 +330,7 @@ pub(super) mod tests {
     use aya::{programs::trace_point::TracePointError, EbpfLoader};
 
     use super::*;
-    use crate::probe::EBPF_OBJECT;
+    use crate::probe::object::EBPF_OBJECT;
 
     /// The real object, with a one-page ring, loaded into the running kernel (as root).
     pub(in crate::probe) fn loaded_object() -> Ebpf {

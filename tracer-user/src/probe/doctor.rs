@@ -8,10 +8,11 @@ use serde::Serialize;
 use super::{
     attach::{attach, chain, AttachError, Hook},
     devices::GpuDevices,
+    object::EBPF_OBJECT,
     offsets::{self, Layout},
     questions::{self, Question},
     strategy::{self, Wanted},
-    tracefs, EBPF_OBJECT,
+    tracefs,
 };
 use crate::{
     escape,

@@ -14,10 +14,11 @@ use super::{
     attach::{self, AttachError, Cause, Hook},
     config::ProbeConfig,
     hooks::{self, Entry, Kernel},
+    object::EBPF_OBJECT,
     offsets,
     sampling::Sampler,
     strategy::{self, Wanted},
-    tracefs, xid, EBPF_OBJECT,
+    tracefs, xid,
 };
 use crate::{
     error::{BtfError, Result},

@@ -10,6 +10,7 @@ mod late_driver;
 pub mod library;
 pub mod load;
 mod maps;
+mod object;
 pub mod offsets;
 mod plt;
 pub mod questions;
@@ -21,7 +22,3 @@ pub mod xid;
 
 pub use config::{ProbeConfig, DEFAULT_FATAL_SIGNALS};
 pub use load::Probes;
-
-/// The compiled eBPF object, built by build.rs.
-pub static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linger-probes"));

@@ -9,7 +9,7 @@ use std::{fmt::Write, fs, path::Path, process::Command, time::Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::{report::Target, Measured};
+use super::{results::Measured, table::Target};
 use crate::fuzz::{done_field, final_stat, MAX_LEN};
 
 /// The campaign's size that the target asks for, without a finding: whole replays of inputs

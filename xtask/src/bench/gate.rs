@@ -7,9 +7,10 @@ use std::fmt::Write;
 use anyhow::{Context, Result};
 
 use super::{
-    report::Target,
+    plan::GPU_DEVICE,
+    results::Measured,
     stats::{summarize, Summary},
-    Measured, GPU_DEVICE,
+    table::Target,
 };
 
 /// The gate's CPU while it waits, at most: 1 % of one CPU.

@@ -6,10 +6,11 @@ use std::fmt::Write;
 use anyhow::{ensure, Context, Result};
 
 use super::{
-    report::{num, range_int, Target},
+    plan::{Plan, GPU_DEVICE, IOCTL_TARGET},
+    results::Measured,
     rounds::{program, Rounds},
     stats::{summarize, Summary},
-    Measured, Plan, GPU_DEVICE, IOCTL_TARGET,
+    table::{num, range_int, Target},
 };
 
 /// The `ioctl` storm's variants: the system call tracepoints, which this machine's default

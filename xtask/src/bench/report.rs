@@ -2,15 +2,13 @@
 
 use std::fmt::Write;
 
-use anyhow::{Context, Result};
-use serde_json::Value;
+use anyhow::Result;
 
 use super::{
-    fuzz, gate, ioctl, ring,
-    rounds::Rounds,
-    sampling, soak,
-    stats::{summarize, Summary},
-    storms, tax, trace, Machine, Measured, Plan, Results, BINARIES,
+    fuzz, gate, ioctl,
+    plan::{Plan, BINARIES},
+    results::Results,
+    ring, sampling, since, soak, storms, tax, trace,
 };
 
 pub struct Report {
@@ -20,13 +18,27 @@ pub struct Report {
     pub all_met: bool,
 }
 
-pub struct Target {
-    pub what: String,
-    pub measured: String,
-    pub met: bool,
+/// Where and when the figures were taken.
+pub struct Machine {
+    pub nproc: usize,
+    pub kernel: String,
+    pub cpu: String,
+    pub virtualized: bool,
+    pub date: String,
+    pub commit: String,
+    pub load_before: String,
+    pub load_after: String,
+    pub duration_s: f64,
 }
 
-pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) -> Result<Report> {
+/// BENCHMARKS.md for `results`; `previous` is the report it replaces, compared with.
+pub fn render(
+    machine: &Machine,
+    plan: &Plan,
+    results: &Results,
+    previous: Option<&str>,
+    quick: bool,
+) -> Result<Report> {
     let mut targets = Vec::new();
     let mut body = String::new();
     storms::section(&mut body, plan, &results.storm, &mut targets)?;
@@ -109,7 +121,8 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
             if t.met { "met" } else { "**missed**" }
         );
     }
-    md.push_str(&changes(&results.storm)?);
+    // Read off the two reports' own header and Targets table: nothing here is kept by hand.
+    md.push_str(&since::section(previous, &md));
     md.push_str(&method(plan));
     md.push_str(&body);
 
@@ -126,58 +139,6 @@ pub fn render(machine: &Machine, plan: &Plan, results: &Results, quick: bool) ->
         verdicts,
         all_met,
     })
-}
-
-/// The previous report's storm figures (a86e01f, measured at f0898ce): workload, slowdown,
-/// `linger live` CPU µs and wake-ups per iteration.
-const PREVIOUS_STORMS: [(&str, f64, f64, f64); 3] = [
-    ("kill-threads", 1.071, 25.6, 0.0),
-    ("kill-exec", 1.066, 16.9, 0.0),
-    ("spawn-true", 0.979, 6.3, 0.1),
-];
-
-/// What changed since the previous report, for readers comparing the two.
-fn changes(storms: &[Measured]) -> Result<String> {
-    let mut md = String::from(
-        "
-## Since the previous report
-
-The previous report (83c1aee) was measured at 84b2858 (2026-12-05 13:38 UTC) on a virtual \
-machine of the same kind (2 CPUs, an AMD EPYC). Since then:
-
-- **Machine**: another virtual machine of that kind (booted 2026-12-06 14:22 UTC). Figures tied \
-to the rate of system calls (section 2b, the ring's offered rates, added ns per call) move with \
-the machine; only the ratios measured side by side compare.
-- **Tracer**: the scheduler program now also keeps GPU holders' uninterruptible sleeps for the \
-stuck-thread watch: every context switch tests the state it switches out in, and only a GPU \
-holder's uninterruptible sleep costs more (a lookup, its stack, an insert). With the system call \
-tracepoints (`--syscall-hooks` here) a reap through waitid is seen at its exit too, and wait4 \
-calls that report only stopped or continued children are left out. The agent names incidents \
-by the node's name.
-- **Benchmarks**: section 9, the whole replay under libFuzzer, is new; the commit is read, and \
-everything measured built, before the first benchmark runs.
-- **Storms**, previous report → this one (another machine: the slowdowns compare only roughly):
-",
-    );
-    for m in storms {
-        let r = Rounds::new(m)?;
-        let Some(&(name, ratio, cpu, wakeups)) = PREVIOUS_STORMS
-            .iter()
-            .find(|p| p.0 == r.workload() && !r.pinned())
-        else {
-            continue;
-        };
-        let n = num(r.data, "iterations")?;
-        let _ = writeln!(
-            md,
-            "  - `{name}`: slowdown {ratio:.3} → {:.3}; `linger live` CPU {cpu:.1} → {:.1} µs; \
-             wake-ups {wakeups:.1} → {:.1}",
-            r.ratio_summary(1, 0)?.median,
-            r.field_summary(1, "linger_cpu_s")?.median / n * 1e6,
-            r.field_summary(1, "linger_wakeups")?.median / n,
-        );
-    }
-    Ok(md)
 }
 
 fn method(plan: &Plan) -> String {
@@ -211,24 +172,4 @@ code: `KernelSource::readable()`, `drain()` (ring read and decode) and `poll_los
 ",
         nice = plan.nice
     )
-}
-
-pub fn num(v: &Value, key: &str) -> Result<f64> {
-    v[key]
-        .as_f64()
-        .with_context(|| format!("benchmark result without a number `{key}`"))
-}
-
-pub fn summary(items: &[Value], key: &str) -> Result<Summary> {
-    let v: Vec<f64> = items.iter().map(|i| num(i, key)).collect::<Result<_>>()?;
-    summarize(&v).with_context(|| format!("no samples of `{key}`"))
-}
-
-/// `n`, or `lo – hi` when the samples differ.
-pub fn range_int(s: &Summary) -> String {
-    if s.min == s.max {
-        format!("{:.0}", s.min)
-    } else {
-        format!("{:.0} – {:.0}", s.min, s.max)
-    }
 }

@@ -6,9 +6,10 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::{
-    report::{num, range_int, summary, Target},
+    plan::{DEFAULT_RING, RING_TARGET_PER_S},
+    results::{Measured, Results},
     stats::{summarize, Summary},
-    Measured, Results, DEFAULT_RING, RING_TARGET_PER_S,
+    table::{num, range_int, summary, Target},
 };
 
 /// Figure 2: ring buffer throughput into the collector, and its side figures.

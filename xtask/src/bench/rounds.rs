@@ -5,9 +5,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::{
-    report::num,
+    results::Measured,
     stats::{summarize, Summary},
-    Measured,
+    table::num,
 };
 
 pub struct Rounds<'a> {

@@ -7,10 +7,11 @@ use anyhow::Result;
 use serde_json::Value;
 
 use super::{
-    report::{num, Target},
+    plan::{Plan, GPU_DEVICE},
+    results::Measured,
     rounds::{program, Rounds},
     stats::summarize,
-    Measured, Plan, GPU_DEVICE,
+    table::{num, Target},
 };
 
 pub fn section(
@@ -84,7 +85,7 @@ fn idle_part(
                 "{:.2} | {:.0} | {}",
                 summarize(&share).map_or(f64::NAN, |s| s.median),
                 summarize(&rate).map_or(f64::NAN, |s| s.median),
-                super::report::range_int(&perf)
+                super::table::range_int(&perf)
             )
         } else {
             " | | ".into()

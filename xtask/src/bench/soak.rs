@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use anyhow::{Context, Result};
 
-use super::{report::Target, Measured};
+use super::{results::Measured, table::Target};
 
 /// The agent's resident memory must stay under this, whatever it runs for.
 pub const RSS_LIMIT_KIB: u64 = 64 << 10;

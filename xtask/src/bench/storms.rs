@@ -5,10 +5,11 @@ use std::fmt::Write;
 use anyhow::{Context, Result};
 
 use super::{
-    report::{range_int, Target},
+    plan::{Plan, STORM_TARGET},
+    results::Measured,
     rounds::Rounds,
     stats::summarize,
-    Measured, Plan, STORM_TARGET,
+    table::{range_int, Target},
 };
 
 /// The variants of every storm, in the order each round starts them: the second baseline
@@ -145,7 +146,7 @@ pub struct Row {
 
 impl Row {
     pub fn new(r: &Rounds) -> Result<Self> {
-        let iterations = super::report::num(r.data, "iterations")?;
+        let iterations = super::table::num(r.data, "iterations")?;
         let us = |s: f64| s / iterations * 1e6;
         let base = r.part_summary(0, 0)?;
         let traced = r.part_summary(1, 0)?;
@@ -170,7 +171,7 @@ impl Row {
         let traced_busy = r.field_summary(1, "busy")?;
         let incidents = r.field_summary(1, "incidents")?;
         let losses = r.field_summary(1, "losses")?;
-        let kills = super::report::num(r.data, "kills_per_run")?;
+        let kills = super::table::num(r.data, "kills_per_run")?;
         let markdown = format!(
             "| `{}` | {iterations} | {:.1} | {:.1} | **{:.3}** | {:.3} – {:.3} | {:.3}; {:.3} – \
              {:.3} | {:.3}; {:.3} | {same_hooks} | {syscall_hooks} | {:.1} ({:.0} %) | {:.1} | {:.0} % / {:.0} % | {} (kills: \

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use anyhow::Result;
 
-use super::{report::Target, rounds::Rounds, Measured, Plan};
+use super::{plan::Plan, results::Measured, rounds::Rounds, table::Target};
 
 /// The variants, in the order the benchmark runs them.
 pub const VARIANTS: [&str; 5] = ["base", "base", PERF, "live --syscall-hooks", "live --lean"];

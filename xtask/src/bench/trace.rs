@@ -7,9 +7,10 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::{
-    report::{num, Target},
+    plan::{Plan, REPLAY_TARGET_PER_S},
+    results::Measured,
     stats::{summarize, Summary},
-    Measured, Plan, REPLAY_TARGET_PER_S,
+    table::{num, Target},
 };
 
 pub fn section(

@@ -8,8 +8,6 @@ use std::{process::Command, time::Duration};
 
 use crate::build::Arch;
 
-use super::kernels::{self, Spec};
-
 #[derive(Clone, Copy)]
 pub struct Guest {
     pub arch: Arch,
@@ -29,13 +27,6 @@ impl Guest {
         match self.arch {
             Arch::Host => "target/vm",
             Arch::Aarch64 => "target/vm/arm64",
-        }
-    }
-
-    pub fn matrix(self) -> &'static [Spec] {
-        match self.arch {
-            Arch::Host => &kernels::MATRIX,
-            Arch::Aarch64 => &kernels::ARM64_MATRIX,
         }
     }
 

@@ -22,7 +22,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{guest::Guest, Kernel};
+use super::guest::Guest;
+use crate::{apt, build::Arch};
 
 /// Where a kernel of the matrix comes from.
 pub enum Source {
@@ -98,10 +99,10 @@ deb [arch=amd64,arm64] http://deb.debian.org/debian bookworm-backports main
 pub fn resolve(dir: &Path, spec: &Spec, guest: Guest) -> Result<Kernel> {
     match &spec.source {
         Source::System => {
-            let mut k = super::stock_kernel()?;
+            let mut k = stock_kernel()?;
             k.headers = PathBuf::from(format!("/usr/src/linux-headers-{}", k.release));
             if !k.headers.join("Makefile").exists() {
-                super::install(&[&format!("linux-headers-{}", k.release)])?;
+                apt::install(&[&format!("linux-headers-{}", k.release)])?;
             }
             Ok(k)
         }
@@ -316,4 +317,54 @@ fn regex_escape(s: &str) -> String {
             special.then_some('\\').into_iter().chain([c])
         })
         .collect()
+}
+
+/// A kernel the guest boots, with the headers its stand-in module is built against.
+pub struct Kernel {
+    pub vmlinuz: PathBuf,
+    /// `uname -r` of it, e.g. 6.1.0-57-amd64.
+    pub release: String,
+    /// Its headers' directory, for building modules.
+    pub headers: PathBuf,
+}
+
+/// The newest Debian stock kernel in /boot.
+pub fn stock_kernel() -> Result<Kernel> {
+    let mut found: Vec<(Vec<u64>, Kernel)> = fs::read_dir("/boot")
+        .context("reading /boot")?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let release = name.strip_prefix("vmlinuz-")?.to_string();
+            release.ends_with("-amd64").then(|| {
+                let version = release
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter_map(|n| n.parse().ok())
+                    .collect();
+                let vmlinuz = e.path();
+                let headers = PathBuf::new();
+                (
+                    version,
+                    Kernel {
+                        vmlinuz,
+                        release,
+                        headers,
+                    },
+                )
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+        .pop()
+        .map(|(_, k)| k)
+        .context("no /boot/vmlinuz-*-amd64 although linux-image-amd64 is installed")
+}
+
+/// The kernels `guest` boots.
+pub fn matrix(guest: Guest) -> &'static [Spec] {
+    match guest.arch {
+        Arch::Host => &MATRIX,
+        Arch::Aarch64 => &ARM64_MATRIX,
+    }
 }

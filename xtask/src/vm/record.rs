@@ -7,7 +7,7 @@ use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context, Result};
 
-use super::{guest::Guest, Kernel};
+use super::{guest::Guest, kernels::Kernel};
 
 /// The committed record, relative to the workspace.
 const RECORDED: &str = "xtask/vm-kernels.txt";

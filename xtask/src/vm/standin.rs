@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{guest::Guest, Kernel};
+use super::{guest::Guest, kernels::Kernel};
 
 /// The module with a slow release beside the stand-in (`standin/linger_slow.c`), built with
 /// it: the same directory, file name.

@@ -5,7 +5,7 @@ use std::collections::{btree_map, BTreeMap, BTreeSet};
 
 use crate::analysis::id_map::IdMap;
 
-use super::Case;
+use super::case::Case;
 
 #[derive(Default)]
 pub(in crate::analysis) struct CaseTable {

@@ -4,9 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::{
     holders::{FileId, Holder, How},
-    incident::{
-        Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Sender, Source, Target,
-    },
+    incident::{Action, Delivery, ExitStatus, Incident, Outcome, ReapHow, Reaper, Source, Target},
     memory::{Residual, Role},
     references::{self, Unseen},
     teardown::Leaving,
@@ -14,7 +12,7 @@ use crate::analysis::{
 };
 use crate::event::Event;
 
-use super::{group, Case, Correlator};
+use super::{case::Case, group, Correlator};
 
 impl Correlator {
     fn open_case(&mut self, mut target: Target, t_ns: u64) -> u64 {
@@ -607,23 +605,6 @@ fn freed_by(c: &Case) -> Reaper {
             how: ReapHow::Parent,
         },
         None => Reaper::freed(),
-    }
-}
-
-pub(super) fn sender_of(e: &Event, code: i32, comm: &str) -> Sender {
-    match crate::analysis::signals::origin(code) {
-        crate::analysis::signals::Origin::User => Sender {
-            pid: e.pid,
-            tid: e.tid,
-            comm: comm.to_string(),
-            context_pid: None,
-        },
-        _ => Sender {
-            pid: 0,
-            tid: 0,
-            comm: "kernel".into(),
-            context_pid: Some(e.pid),
-        },
     }
 }
 

@@ -10,20 +10,10 @@ use crate::analysis::{
     termination::SignalSent,
 };
 
-use super::{Case, Correlator};
-
-/// A holder of a victim's files that went with it: killed with it, or dead of its own
-/// within [`WENT_WITH_NS`] of its death (a child exiting as its parent is killed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct CoVictim {
-    /// When a SIGKILL reached it; None for one that exited on its own.
-    pub killed_ns: Option<u64>,
-    /// When its group died, once it has.
-    pub dead_ns: Option<u64>,
-    /// Killed by the kernel as the victim, its pid namespace's init, exited: the namespace's
-    /// teardown waits for its release before the init's exit goes on.
-    pub in_teardown: bool,
-}
+use super::{
+    case::{Case, CoVictim},
+    Correlator,
+};
 
 /// A holder whose group dies this soon after the victim's, of its own, went with it: its exit
 /// raced the victim's kill, and nothing lingered because of it.

@@ -7,8 +7,7 @@
 //! to say (the memory is back, or it is held elsewhere, or it is slow) and updated when that
 //! changes.
 
-use std::collections::BTreeMap;
-
+mod case;
 mod cases;
 mod death;
 mod group;
@@ -18,24 +17,22 @@ mod snapshot;
 mod unseen;
 
 use cases::CaseTable;
-use death::sender_of;
 
 use super::{
     agenda::Agenda,
     gpu_errors::{GpuErrorRecord, XidBook},
-    holders::{FileId, Holder, Holders, How},
+    holders::Holders,
     id_map::IdMap,
-    incident::{Incident, Source, Target, ThreadExit},
-    ledger::{self, Ledger, LedgerPart},
+    incident::{Incident, Sender, Target, ThreadExit},
+    ledger::{self, Ledger},
     losses::LossLog,
     memory::{MemoryBook, Watch},
     notice::SignalNotice,
-    references::Unseen,
     signals::{SIGCHLD, SIGKILL},
     storm::StormLog,
     stuck::{Found, StuckBook, StuckRecord},
     teardown::{Stack, TeardownLog},
-    termination::{self, SignalSent},
+    termination,
     unheld::{UnheldRecord, UnheldWatch},
 };
 use crate::event::{Event, EventData, FdOp, NvmlGpu, Workload};
@@ -102,72 +99,6 @@ pub enum Output {
     Stuck(Box<StuckRecord>),
     /// A GPU busy with no holder, or no longer.
     Unheld(Box<UnheldRecord>),
-}
-
-/// What was last reported of a case, to tell when an update is due.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Reported {
-    pub holders_left: Vec<u32>,
-    pub residuals_back: usize,
-    pub importers: usize,
-    pub back: bool,
-    pub lingering: bool,
-    pub dead: bool,
-}
-
-/// One process's way to its death and its memory's return.
-pub(in crate::analysis) struct Case {
-    pub inc: Incident,
-    pub signals: Vec<SignalSent>,
-    /// Signals already reported as survived.
-    noticed: usize,
-    pub oom: bool,
-    /// The thread that ended the group: it runs the exit path's release of the files.
-    pub dead_tid: Option<u32>,
-    /// GPU files it held when its group died.
-    pub files: Vec<FileId>,
-    /// The video memory of those files' clients on each GPU, by the ledger, at the death.
-    pub ledger_parts: Vec<LedgerPart>,
-    /// A GPU holder: its memory is watched.
-    pub gpu: bool,
-    /// End of the last exit-path `__fput` of one of its files (driver hooks): of the driver's
-    /// release inside it, where the driver's functions are hooked too.
-    fput_end: Option<u64>,
-    /// Its own release of its GPU files.
-    pub kernel_release: Option<(u64, Source)>,
-    /// Other processes holding its files at death, and when each let go.
-    pub fd_holders: Vec<Holder>,
-    /// For a holder of another dead process's files: that process, "comm[pid]".
-    pub owner: Option<String>,
-    /// NVML listed it, or the ledger saw it allocate: the memory of its files is its own.
-    owns: bool,
-    pub holder_gone: BTreeMap<u32, Option<u64>>,
-    /// The process its SIGCHLD went to, and its comm: the one that reaps it.
-    parent: Option<(u32, String)>,
-    /// Holders of its files killed with it (`group.rs`).
-    co_victims: BTreeMap<u32, group::CoVictim>,
-    /// Importers of its memory: comm and parent, as known when the import was found.
-    pub importer_names: BTreeMap<u32, (String, u32)>,
-    /// References to its files at death that no known holder accounted for; less as the
-    /// search finds their holders.
-    pub unaccounted: Unseen,
-    /// How it got its GPU files, and its parent, as known when it died (for the cases it
-    /// still holds files of while its exit closes them).
-    how_held: Option<How>,
-    ppid: u32,
-    reported: Option<Reported>,
-    stuck_reported: bool,
-}
-
-impl Case {
-    /// Its files may still be open: it has not let go of them itself, or a holder of them
-    /// lives (known, or behind references nobody accounted for). Once every reference is gone
-    /// the kernel reuses the files' addresses for others' opens.
-    fn files_may_be_open(&self) -> bool {
-        self.kernel_release.is_none()
-            || self.unaccounted.any()
-            || self.holder_gone.values().any(Option::is_none)
-    }
 }
 
 #[derive(Default)]
@@ -525,5 +456,23 @@ impl Correlator {
     fn workload_of(&self, pid: u32) -> Option<Workload> {
         let info = self.holders.process(pid)?.info.as_ref()?;
         info.workload.clone()
+    }
+}
+
+/// Who sent signal `code` of event `e`: the user process, or the kernel in its context.
+fn sender_of(e: &Event, code: i32, comm: &str) -> Sender {
+    match crate::analysis::signals::origin(code) {
+        crate::analysis::signals::Origin::User => Sender {
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm.to_string(),
+            context_pid: None,
+        },
+        _ => Sender {
+            pid: 0,
+            tid: 0,
+            comm: "kernel".into(),
+            context_pid: Some(e.pid),
+        },
     }
 }

@@ -10,7 +10,7 @@ use crate::analysis::{
 };
 use crate::event::{DriverFunc, Event, NvmlGpu};
 
-use super::{Case, Correlator, HELD_REPORT_NS, IN_FLIGHT_NS, NVML_LATE_NS};
+use super::{case::Case, Correlator, HELD_REPORT_NS, IN_FLIGHT_NS, NVML_LATE_NS};
 
 impl Correlator {
     /// How closely NVML should be read now: each awaited release asks for what tells its

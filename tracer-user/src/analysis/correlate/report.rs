@@ -2,7 +2,10 @@
 
 use crate::analysis::{memory::Role, notice::SignalNotice, signals::SIGKILL, storm::Teardown};
 
-use super::{snapshot, Case, Correlator, Output, Reported, HELD_REPORT_NS, IN_FLIGHT_NS};
+use super::{
+    case::{Case, Reported},
+    snapshot, Correlator, Output, HELD_REPORT_NS, IN_FLIGHT_NS,
+};
 
 impl Correlator {
     /// Time-based decisions and the reports they make due.

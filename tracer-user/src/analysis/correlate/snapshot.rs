@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use tracer_common::driver::dev_minor;
 
-use super::{group, Case, Correlator, Reported};
+use super::{
+    case::{Case, Reported},
+    group, Correlator,
+};
 use crate::analysis::{
     holders::{HeldFile, Holder, How},
     incident::{ExitStatus, GpuPart, Incident, Source, HELD_BY_OWNERS},

@@ -5,10 +5,12 @@ use std::collections::BTreeSet;
 
 use crate::event::NvmlGpu;
 
-use super::watch::Rise;
 use super::{
-    figure, tolerance, Change, ImportEnd, ImportVia, MemoryBook, OwnUse, Residual, Watch,
-    CONFIRM_AFTER_NS, VERIFY_NS,
+    book::MemoryBook,
+    import_via::ImportVia,
+    limits::{tolerance, CONFIRM_AFTER_NS, VERIFY_NS},
+    reading::{figure, Change, OwnUse},
+    watch::{ImportEnd, Residual, Rise, Watch},
 };
 
 impl MemoryBook {

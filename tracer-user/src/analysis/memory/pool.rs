@@ -5,24 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::event::NvmlGpu;
 
-use super::imports::{importers_of, Importers};
-use super::watch::Rise;
 use super::{
-    figure, tolerance, Change, ImportVia, MemoryBook, OwnUse, Role, ALLOC_LAG_NS, CONFIRM_AFTER_NS,
+    book::{MemoryBook, Pool},
+    import_via::ImportVia,
+    imports::{importers_of, Importers},
+    limits::{tolerance, ALLOC_LAG_NS, CONFIRM_AFTER_NS},
+    reading::{figure, Change, OwnUse},
+    role::Role,
+    watch::Rise,
 };
-
-/// Releases on one GPU counted from one reading on.
-#[derive(Clone, Debug)]
-pub(super) struct Pool {
-    pub(super) prev: NvmlGpu,
-    pub(super) prev_ns: u64,
-    /// Released bytes not yet credited to a victim.
-    pub(super) bytes: i128,
-    /// Watches (by key) counted here.
-    pub(super) victims: BTreeSet<u64>,
-    /// Processes NVML alone suggests imported a victim's memory.
-    pub(super) suspected: BTreeSet<u32>,
-}
 
 impl MemoryBook {
     /// Updates each watch's figures on `g`'s GPU.

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::analysis::tests::run::gpu;
+use crate::event::NvmlGpu;
 
 const GIB: u64 = 1 << 30;
 

@@ -2,8 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{ImportVia, Role, ShareFrom, VERIFY_NS};
-use crate::analysis::incident::Source;
+use super::{
+    import_via::ImportVia,
+    limits::VERIFY_NS,
+    role::{Role, ShareFrom},
+};
+use crate::analysis::incident::source::Source;
 
 /// Part of a victim's share another process holds.
 #[derive(Clone, Debug, PartialEq, Eq)]

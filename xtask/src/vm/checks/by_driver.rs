@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::Guest;
+use super::console::Guest;
 
 pub(super) const NVIDIA0: u64 = 195 << 20;
 /// What the scenario's GPU process allocates (init.sh).

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{
     by_driver::{events_of, incident_of, last_incidents},
-    Guest,
+    console::Guest,
 };
 
 const COMPAT_LIBCUDA: &str = "/usr/local/cuda-12.8/compat/libcuda.so.1";

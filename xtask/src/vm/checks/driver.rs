@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::{duration, Trace};
+use super::trace::{duration, Trace};
 
 /// `delay_ms` given to the stand-in module in init.sh.
 const DELAY_NS: u64 = 200_000_000;

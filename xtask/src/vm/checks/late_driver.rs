@@ -12,7 +12,7 @@ use super::{
         allocates_a_gib, events_of, find_event, incident_of, last_incidents, ANSWERING, GIB,
         NVIDIA0,
     },
-    Guest,
+    console::Guest,
 };
 
 /// What answers once the driver registered.

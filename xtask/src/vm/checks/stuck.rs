@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::Guest;
+use super::console::Guest;
 
 /// `--stuck-after` in the scenario.
 const AFTER_NS: u64 = 2_000_000_000;

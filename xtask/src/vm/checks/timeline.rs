@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::Guest;
+use super::console::Guest;
 
 pub struct Timeline {
     started: Option<f64>,
