@@ -25,7 +25,10 @@ use tracer_user::{
 
 use super::{duration, live};
 
+/// Its own group id: the derive names a struct's group after it, and `live::Args`, flattened
+/// below, is an `Args` too (clap's debug build refuses the duplicate).
 #[derive(clap::Args, Clone)]
+#[group(id = "agent_args")]
 pub struct Args {
     /// Options from a TOML file: each key a long option of this command (`metrics_listen =
     /// "0.0.0.0:9477"`, `lean = true`, `gpu_device = ["/dev/x"]`); options given on the
