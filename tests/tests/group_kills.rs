@@ -273,8 +273,10 @@ struct Moments {
     close: usize,
     /// The others, in words.
     off: Vec<String>,
-    /// The pids of the first group whose moment was off.
+    /// The pids of the group whose moment was furthest off, and how far (what linger saw of it
+    /// is what explains the most).
     first_off: Vec<u32>,
+    furthest_ns: u64,
 }
 
 impl Moments {
@@ -289,8 +291,10 @@ impl Moments {
             return;
         }
         let misses = held.is_some_and(|h| h > freed + SLACK_NS) || back.is_some_and(|b| b < early);
-        if self.first_off.is_empty() {
+        let off = back.map_or(u64::MAX, |b| b.abs_diff(freed));
+        if self.first_off.is_empty() || off > self.furthest_ns {
             self.first_off = t.pids.clone();
+            self.furthest_ns = off;
         }
         self.off.push(format!(
             "{t:?}: back {:.2} ms after the free, held until {:.2} ms before it{}",
@@ -527,7 +531,8 @@ fn traced(name: &str, kills: impl FnOnce(&Path) -> Vec<Truth>) {
         .map(|l| l.to_string())
         .collect();
     panic!(
-        "{} of {} group kills wrong:\n{}\nlosses: {}\nwhat linger saw of the first:\n{}",
+        "{} of {} group kills wrong:\n{}\nlosses: {}\nwhat linger saw of the first wrong \
+         (of moments off, the furthest):\n{}",
         wrong.len(),
         truths.len(),
         wrong.join("\n"),

@@ -28,7 +28,7 @@ status=0
 # check.py's report without its per-release table, and its own exit status.
 judge() {
   python3 "$S/check.py" "$@" --show 3 > "$1/check.out"; local s=$?
-  grep -v "^ *[0-9]* \+[0-9.-]* " "$1/check.out"
+  grep -v "^ *[0-9]\+ \+[0-9.-]\+ " "$1/check.out"
   return $s
 }
 keep() { case " ${TRACES:-default lean} " in *" $1 "*) return 0 ;; esac; return 1; }

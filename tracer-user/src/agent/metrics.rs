@@ -123,6 +123,19 @@ impl Releases {
     }
 }
 
+/// How long the same incidents must hold more than the GPU uses before a log line names them:
+/// under churn NVML reads memory back a second or two before linger confirms an incident's
+/// release, which the gauge shows meanwhile and no operator needs told.
+const OVERCLAIM_LOGGED_AFTER_NS: u64 = 10_000_000_000;
+
+/// The incidents holding more than a GPU uses, since when, and whether a line named them.
+#[derive(Default)]
+struct Overclaim {
+    named: Vec<u64>,
+    since_ns: u64,
+    logged: bool,
+}
+
 /// GPUs busy with nobody: memory nobody holds, and work with no memory and no process.
 struct UnownedGpus {
     no_holder: Family<GpuLabels, Gauge>,
@@ -172,8 +185,10 @@ pub struct Metrics {
     lingering_bytes: Family<MemoryLabels, Gauge>,
     lingering_incidents: Family<MemoryLabels, Gauge>,
     overclaimed: Family<GpuLabels, Gauge>,
-    /// Per GPU, the incidents the last overclaim's log line named (empty: none).
-    overclaim_named: HashMap<String, Vec<u64>>,
+    /// Per GPU, the incidents holding more than it uses now, and since when (none: empty).
+    overclaims: HashMap<String, Overclaim>,
+    /// The latest NVML reading's time.
+    reading_ns: u64,
     unattributed: Family<GpuLabels, Gauge>,
     collateral: Family<GpuLabels, Counter>,
     gpu_errors: Family<XidLabels, Counter>,
@@ -251,7 +266,8 @@ impl Metrics {
                  the incidents)",
                 Family::default(),
             ),
-            overclaim_named: HashMap::new(),
+            overclaims: HashMap::new(),
+            reading_ns: 0,
             unattributed: registered(
                 r,
                 "linger_gpu_memory_unattributed_bytes",
@@ -421,6 +437,7 @@ impl Metrics {
     pub fn on_reading(&mut self, ts_ns: u64, gpus: &[NvmlGpu]) {
         self.forget_deaths_before(ts_ns);
         self.last_reading = gpus.to_vec();
+        self.reading_ns = ts_ns;
         self.unattributed();
         for g in gpus {
             self.refresh_gpu(&g.index.to_string());
@@ -503,22 +520,33 @@ impl Metrics {
         self.overclaimed.get_or_create(&labels).set(excess as i64);
         let named: Vec<u64> = claims.iter().map(|(id, _, _)| *id).collect();
         let named = if excess > 0 { named } else { Vec::new() };
-        if self.overclaim_named.get(gpu) == Some(&named) {
+        let now = self.reading_ns;
+        let o = self.overclaims.entry(gpu.to_string()).or_default();
+        if o.named != named {
+            *o = Overclaim {
+                named,
+                since_ns: now,
+                logged: false,
+            };
+        }
+        // The same incidents past the confirmation lag: worth a line, once.
+        let lasting = now.saturating_sub(o.since_ns) >= OVERCLAIM_LOGGED_AFTER_NS;
+        if o.logged || o.named.is_empty() || !lasting {
             return;
         }
-        if let Some(used) = used.filter(|_| excess > 0) {
-            let who: Vec<String> = claims
-                .iter()
-                .map(|(id, pid, bytes)| format!("incident {id} (pid {pid}) {bytes}"))
-                .collect();
-            log::warn!(
-                "GPU {gpu}: open incidents hold {held} bytes, {excess} more than the {used} \
-                 NVML reads in use (a double count, or a share estimated too high): {} \
-                 (linger_gpu_memory_overclaimed_bytes)",
-                who.join(", ")
-            );
-        }
-        self.overclaim_named.insert(gpu.to_string(), named);
+        o.logged = true;
+        let who: Vec<String> = claims
+            .iter()
+            .map(|(id, pid, bytes)| format!("incident {id} (pid {pid}) {bytes}"))
+            .collect();
+        log::warn!(
+            "GPU {gpu}: for {:.0} s open incidents have held more than the GPU uses ({held} \
+             bytes, {excess} more than the {} NVML reads in use): a double count, or a share \
+             estimated too high: {} (linger_gpu_memory_overclaimed_bytes)",
+            (now - o.since_ns) as f64 / 1e9,
+            used.unwrap_or_default(),
+            who.join(", ")
+        );
     }
 
     /// Sets (or removes, when no incident has them any more) the series of `labels`.

@@ -235,8 +235,9 @@ fn holding(id: u64, pid: u32, share: u64) -> Record {
 
 /// The incidents' shares are estimates: two of 60 GiB on an 80 GiB GPU whose used memory
 /// NVML reads at 70 GiB are a double count or an estimate too high. The gauge says what the
-/// incidents hold (120 GiB), the excess (50 GiB) is a gauge of its own and the log names both
-/// incidents; an incident with no memory of its own (a child whose live parent holds the files)
+/// incidents hold (120 GiB), the excess (50 GiB) is a gauge of its own and, once that lasts 10 s
+/// (longer than NVML leads linger's confirmations under churn), the log names both incidents;
+/// an incident with no memory of its own (a child whose live parent holds the files)
 /// counts in neither series. Once NVML reads more in use, nothing is overclaimed.
 #[test]
 fn incidents_holding_more_than_the_gpu_uses_are_named_not_scaled() {
@@ -264,13 +265,22 @@ fn incidents_holding_more_than_the_gpu_uses_are_named_not_scaled() {
         series("linger_gpu_memory_overclaimed_bytes{"),
         (50 * GIB) as f64
     );
-    assert_eq!(m.overclaim_named.get("0"), Some(&vec![1, 2]));
+    let overclaim = |m: &Metrics| {
+        let o = &m.overclaims["0"];
+        (o.named.clone(), o.logged)
+    };
+    assert_eq!(overclaim(&m), (vec![1, 2], false));
+    // The confirmation lag is not logged; the same incidents 10 s on are.
+    m.on_reading(9_000_000_000, &read);
+    assert_eq!(overclaim(&m), (vec![1, 2], false));
+    m.on_reading(11_000_000_000, &read);
+    assert_eq!(overclaim(&m), (vec![1, 2], true));
     read[0].used = 200 * GIB;
-    m.on_reading(2, &read);
+    m.on_reading(12_000_000_000, &read);
     assert_eq!(
         series("linger_gpu_memory_lingering_bytes{"),
         (120 * GIB) as f64
     );
     assert_eq!(series("linger_gpu_memory_overclaimed_bytes{"), 0.0);
-    assert_eq!(m.overclaim_named.get("0"), Some(&vec![]));
+    assert_eq!(overclaim(&m), (vec![], false));
 }
